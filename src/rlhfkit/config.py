@@ -1,0 +1,254 @@
+"""One dataclass config per training stage, loaded from YAML plus command-line overrides.
+
+`TrainConfig` holds the fields of the shared training loop (`rlhfkit.trainers.loop`); each stage
+adds its own (`SFTConfig`, `RewardConfig`, later PPO/DPO/GRPO). Every field carries a docstring,
+which jsonargparse turns into `rlhfkit <stage> --help`. `__post_init__` checks every value and
+raises `ConfigError` naming the field, the value and what is allowed; values computed from the
+fields are properties, never written back into the config.
+
+`load_config(SFTConfig, "configs/sft.yaml", ["--learning_rate", "3e-4"])` is what the CLI does;
+in Python, `SFTConfig(model=..., train_data=...)` works the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+ASSETS = "src/rlhfkit/assets"
+DEMO_DATA = f"{ASSETS}/data/demo"
+
+C = TypeVar("C", bound="TrainConfig")
+
+
+class ConfigError(ValueError):
+    """A config field has a value that is not allowed."""
+
+
+def _require(cfg: object, field: str, ok: bool, allowed: str) -> None:
+    """Raise `ConfigError` naming the class, field, value and what is allowed unless `ok`."""
+    if not ok:
+        value = getattr(cfg, field)
+        raise ConfigError(
+            f"{type(cfg).__name__}.{field} = {value!r} is not allowed: expected {allowed}"
+        )
+
+
+def _check_literals(cfg: object) -> None:
+    """Check every `Literal[...]` field against its choices (jsonargparse does this on the
+    command line, but not when the dataclass is built in Python)."""
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        if typing.get_origin(hints[f.name]) is Literal:
+            choices = typing.get_args(hints[f.name])
+            ok = getattr(cfg, f.name) in choices
+            _require(cfg, f.name, ok, "one of " + ", ".join(map(repr, choices)))
+
+
+@dataclass
+class TrainConfig:
+    """Fields of the shared training loop: optimiser, schedule, batching, checkpoints, logging."""
+
+    model: str = f"{ASSETS}/base"
+    """Hugging Face model name or local directory to start from."""
+    output_dir: str = "runs/train"
+    """Directory for checkpoints, metrics, TensorBoard events and the final model (`final/`)."""
+    seed: int = 42
+    """Seed for weights of new heads, data shuffling and dropout (python, numpy, torch)."""
+    batch_size: int = 8
+    """Examples per micro-batch on each device."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches whose gradients are summed before each optimiser step."""
+    eval_batch_size: int = 32
+    """Examples per batch during evaluation."""
+    num_epochs: int = 1
+    """Passes over the training data (ignored when `max_steps` is set)."""
+    max_steps: int | None = None
+    """Optimiser steps to run; None runs `num_epochs` epochs."""
+    learning_rate: float = 5e-5
+    """Peak learning rate of AdamW (reached after warmup)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay, applied to weight matrices only (not biases, norms)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1 (momentum of the gradient mean)."""
+    adam_beta2: float = 0.999
+    """AdamW beta2 (momentum of the squared gradient)."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon added to the denominator."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient L2 norm to this value; 0 turns clipping off."""
+    lr_scheduler: Literal["linear", "cosine", "constant"] = "cosine"
+    """Learning-rate decay after warmup: linear to 0, cosine to 0, or constant."""
+    warmup_steps: int = 0
+    """Optimiser steps of linear warmup from 0 to `learning_rate`."""
+    warmup_ratio: float = 0.0
+    """Warmup as a fraction of all optimiser steps (used when `warmup_steps` is 0)."""
+    log_every: int = 10
+    """Log training metrics every this many optimiser steps."""
+    eval_every: int = 0
+    """Evaluate every this many optimiser steps; 0 evaluates only at the end."""
+    save_every: int = 0
+    """Write a checkpoint every this many optimiser steps; 0 only at the end."""
+    keep_last: int = 2
+    """Checkpoints to keep in `output_dir` (older ones are deleted)."""
+    resume: bool = True
+    """Continue from the newest checkpoint in `output_dir` (and skip a finished run); False starts
+    over and deletes earlier checkpoints there."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """Autocast precision: 'no' (fp32) or 'bf16'."""
+    cpu: bool = False
+    """Train on the CPU even if an accelerator is available."""
+    tensorboard: bool = True
+    """Write TensorBoard events (metrics.jsonl is always written)."""
+
+    def __post_init__(self) -> None:
+        _check_literals(self)
+        for name in ("batch_size", "gradient_accumulation_steps", "eval_batch_size", "num_epochs"):
+            _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        _require(self, "max_steps", self.max_steps is None or self.max_steps >= 1, "None or >= 1")
+        _require(self, "learning_rate", 0 < self.learning_rate < math.inf, "a number > 0")
+        _require(self, "weight_decay", self.weight_decay >= 0, "a number >= 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            _require(self, name, 0 <= getattr(self, name) < 1, "a number in [0, 1)")
+        _require(self, "adam_epsilon", self.adam_epsilon > 0, "a number > 0")
+        _require(self, "max_grad_norm", self.max_grad_norm >= 0, "a number >= 0 (0 = no clipping)")
+        _require(self, "warmup_steps", self.warmup_steps >= 0, "an integer >= 0")
+        _require(self, "warmup_ratio", 0 <= self.warmup_ratio < 1, "a number in [0, 1)")
+        _require(
+            self,
+            "warmup_ratio",
+            self.warmup_ratio == 0 or self.warmup_steps == 0,
+            "0 when warmup_steps is set (give one of the two)",
+        )
+        for name in ("eval_every", "save_every"):
+            _require(self, name, getattr(self, name) >= 0, "an integer >= 0 (0 = only at the end)")
+        _require(self, "log_every", self.log_every >= 1, "an integer >= 1")
+        _require(self, "keep_last", self.keep_last >= 1, "an integer >= 1")
+        _require(self, "model", bool(self.model), "a model name or directory")
+        _require(self, "output_dir", bool(self.output_dir), "a directory path")
+
+    @property
+    def effective_batch_size(self) -> int:
+        """Examples per optimiser step on one device (micro-batch x accumulation)."""
+        return self.batch_size * self.gradient_accumulation_steps
+
+    @property
+    def final_dir(self) -> Path:
+        """Where the finished model (loadable with `from_pretrained`) is written."""
+        return Path(self.output_dir) / "final"
+
+    def warmup_for(self, total_steps: int) -> int:
+        """Warmup steps for a run of `total_steps` optimiser steps."""
+        return self.warmup_steps or int(self.warmup_ratio * total_steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-able dict (saved next to checkpoints)."""
+        return dataclasses.asdict(self)
+
+
+def _check_data_fields(cfg: TrainConfig) -> None:
+    _require(cfg, "train_data", bool(cfg.train_data), "a data file, directory or hub name")
+    _require(cfg, "max_length", cfg.max_length >= 2, "an integer >= 2 (prompt + response)")
+    for name in ("max_train_samples", "max_eval_samples"):
+        value = getattr(cfg, name)
+        _require(cfg, name, value is None or value >= 1, "None or an integer >= 1")
+
+
+@dataclass
+class SFTConfig(TrainConfig):
+    """Supervised fine-tuning on prompt/response demonstrations (InstructGPT step 1)."""
+
+    output_dir: str = "runs/sft"
+    """Directory for checkpoints, metrics, TensorBoard events and the final model (`final/`)."""
+    learning_rate: float = 1e-4
+    """Peak learning rate of AdamW (reached after warmup)."""
+    train_data: str = f"{DEMO_DATA}/sft_train.jsonl"
+    """Demonstrations to train on: .jsonl/.json/.parquet file, dataset directory or hub name."""
+    eval_data: str | None = f"{DEMO_DATA}/sft_test.jsonl"
+    """Held-out demonstrations for response NLL and perplexity; None skips evaluation."""
+    train_split: str = "train"
+    """Split to read from `train_data` when it is a dataset with splits."""
+    eval_split: str = "test"
+    """Split to read from `eval_data` when it is a dataset with splits."""
+    max_length: int = 256
+    """Maximum tokens of prompt + response; longer examples are truncated (and counted)."""
+    max_train_samples: int | None = None
+    """Use only the first this many training examples; None uses all."""
+    max_eval_samples: int | None = None
+    """Use only the first this many evaluation examples; None uses all."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_data_fields(self)
+
+
+@dataclass
+class RewardConfig(TrainConfig):
+    """Reward model on chosen/rejected pairs or K-way rankings (InstructGPT step 2)."""
+
+    output_dir: str = "runs/rm"
+    """Directory for checkpoints, metrics, TensorBoard events and the final model (`final/`)."""
+    train_data: str = f"{DEMO_DATA}/comparisons_train.jsonl"
+    """Comparisons (prompt/chosen/rejected) or rankings (prompt/responses/ranking) to train on."""
+    eval_data: str | None = f"{DEMO_DATA}/comparisons_test.jsonl"
+    """Held-out comparisons for pairwise (and ranking) accuracy; None skips evaluation."""
+    train_split: str = "train"
+    """Split to read from `train_data` when it is a dataset with splits."""
+    eval_split: str = "test"
+    """Split to read from `eval_data` when it is a dataset with splits."""
+    max_length: int = 256
+    """Maximum tokens of prompt + response; longer examples are truncated (and counted)."""
+    max_train_samples: int | None = None
+    """Use only the first this many training records; None uses all."""
+    max_eval_samples: int | None = None
+    """Use only the first this many evaluation records; None uses all."""
+    loss: Literal["logsigmoid", "logexp"] = "logsigmoid"
+    """Pairwise loss: -log sigmoid(r_chosen - r_rejected [- margin]) or log(1 + exp(r_rej - r_ch))."""
+    margin: float | None = None
+    """Margin the chosen reward must exceed the rejected one by (logsigmoid loss only)."""
+    normalize_data: str | None = None
+    """Demonstrations (e.g. the SFT data) whose mean reward is shifted to 0 after training, as in
+    InstructGPT; None leaves the rewards as trained."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_data_fields(self)
+        _require(
+            self,
+            "margin",
+            self.margin is None or self.loss == "logsigmoid",
+            "None with loss='logexp' (the margin belongs to the logsigmoid loss)",
+        )
+
+
+def config_parser(cls: type[TrainConfig], **parser_kwargs: Any):
+    """A jsonargparse parser with `--config FILE.yaml` and one `--field` per field of `cls`."""
+    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+    # Field docstrings (the string under each field) become the `--help` texts.
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    parser = ArgumentParser(description=cls.__doc__, **parser_kwargs)
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML file with field values.")
+    parser.add_class_arguments(cls, nested_key=None, fail_untyped=True)
+    return parser
+
+
+def config_from_namespace(cls: type[C], namespace: Any) -> C:
+    """Build `cls` from a parsed jsonargparse namespace (runs the `__post_init__` checks)."""
+    values = {f.name: namespace[f.name] for f in dataclasses.fields(cls) if f.name in namespace}
+    return cls(**values)
+
+
+def load_config(
+    cls: type[C], path: str | Path | None = None, args: Sequence[str] = (), **overrides: Any
+) -> C:
+    """`cls` from a YAML file, then command-line style `args`, then keyword `overrides`."""
+    argv = (["--config", str(path)] if path is not None else []) + list(args)
+    namespace = config_parser(cls).parse_args(argv)
+    config = config_from_namespace(cls, namespace)
+    return dataclasses.replace(config, **overrides) if overrides else config

@@ -1,0 +1,165 @@
+"""Batched sampling from a causal LM with a KV cache, stopping at EOS.
+
+The loop is the standard incremental decoding of GPT-2 (Radford et al. 2019) as implemented by
+Hugging Face ``generate``: one forward over the left-padded prompts fills the cache, then one
+forward per new token. We write the loop ourselves instead of calling ``generate`` because:
+
+- sampling is seeded by a ``torch.Generator`` we own, so a rollout is reproducible without
+  touching the global RNG (``generate`` only draws from the global one);
+- position ids come from the attention mask (``ops.masks.position_ids_from_mask``), so a
+  left-padded prompt gets exactly the continuation it would get unpadded;
+- the loop stops as soon as every row has emitted EOS and returns ``response_mask`` in the
+  library's one convention (real tokens up to and including the first EOS).
+
+Filtering follows the usual order (temperature, then top-k, then top-p / nucleus sampling of
+Holtzman et al. 2020), as in ``transformers``' logits warpers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlhfkit.ops.masks import position_ids_from_mask, truncate_after_eos
+
+
+@dataclass
+class SamplingConfig:
+    """How to sample responses (the sampling part of Hugging Face's ``GenerationConfig``).
+
+    Attributes:
+        max_new_tokens: the most response tokens per prompt (the response width ``Tr``).
+        temperature: logits are divided by it before sampling; must be > 0. PPO computes its
+            log-probs at the same temperature (see ``rollout.py``).
+        top_k: keep only the ``top_k`` most likely tokens; 0 keeps all.
+        top_p: keep the smallest set of tokens whose probability reaches ``top_p``; 1.0 keeps all.
+        greedy: take the arg-max token (temperature, top-k and top-p are then ignored).
+    """
+
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    greedy: bool = False
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}: must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature}: must be > 0 (use greedy=True)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 = no top-k filtering)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
+
+
+@dataclass
+class GenerationOutput:
+    """Sampled responses in the library's vocabulary (see DESIGN.md)."""
+
+    response: torch.Tensor  # (B, Tr) long, pad after the first EOS
+    response_mask: torch.Tensor  # (B, Tr) long, 1 up to and including the first EOS
+    eos_emitted: torch.Tensor  # (B,) bool, False where the response ran out of tokens
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Set the logits of tokens outside the top-k / nucleus (top-p) set to -inf.
+
+    ``logits`` (B, V) are already divided by the temperature. The most likely token is always
+    kept, so every row keeps at least one finite logit.
+    """
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V)
+        probs = sorted_logits.softmax(-1)
+        # Drop a token when the tokens ranked above it already reach top_p (so the token that
+        # crosses the threshold stays, and the first token always stays).
+        mass_before = probs.cumsum(-1) - probs
+        drop_sorted = mass_before >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next_token(
+    logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Pick one token per row from next-token ``logits`` (B, V) -> (B,) long."""
+    if config.greedy:
+        return logits.argmax(-1)
+    logits = filter_logits(logits.float() / config.temperature, config.top_k, config.top_p)
+    probs = logits.softmax(-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: torch.nn.Module,
+    query: torch.Tensor,
+    query_mask: torch.Tensor,
+    config: SamplingConfig,
+    *,
+    eos_token_id: int,
+    pad_token_id: int,
+    generator: torch.Generator | None = None,
+) -> GenerationOutput:
+    """Sample one response per left-padded prompt with a KV cache.
+
+    Args:
+        model: a Hugging Face causal LM (anything that takes ``input_ids``, ``attention_mask``,
+            ``position_ids``, ``past_key_values``, ``use_cache`` and ``logits_to_keep``).
+        query: (B, Tq) prompt ids, left-padded.
+        query_mask: (B, Tq) 1 for real prompt tokens.
+        config: sampling settings.
+        eos_token_id, pad_token_id: distinct ids; rows that have emitted EOS emit pad, and pad
+            is never sampled.
+        generator: the random source for sampling (on the model's device); ``None`` uses the
+            global RNG.
+
+    Returns:
+        ``GenerationOutput`` with ``response`` (B, Tr) and ``response_mask`` (B, Tr), where
+        ``Tr <= config.max_new_tokens`` (shorter when every row stopped early).
+    """
+    if eos_token_id == pad_token_id:
+        raise ValueError(f"eos_token_id and pad_token_id are both {eos_token_id}: must differ")
+    batch, prompt_len = query.shape
+    # One mask for the whole run; step t attends to the first prompt_len + t columns.
+    mask = torch.ones(batch, prompt_len + config.max_new_tokens, dtype=torch.long, device=query.device)
+    mask[:, :prompt_len] = query_mask
+    positions = position_ids_from_mask(mask[:, :prompt_len])  # (B, Tq)
+    out = model(
+        input_ids=query,
+        attention_mask=mask[:, :prompt_len],
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    next_position = positions[:, -1:] + 1  # (B, 1)
+    finished = torch.zeros(batch, dtype=torch.bool, device=query.device)
+    pad_index = torch.tensor([pad_token_id], device=query.device)
+    tokens = []
+    for step in range(config.max_new_tokens):
+        # The pad token is never a valid output: sampling it would punch a hole in the mask.
+        logits = out.logits[:, -1, :].index_fill(-1, pad_index, float("-inf"))  # (B, V)
+        token = sample_next_token(logits, config, generator)  # (B,)
+        token = token.masked_fill(finished, pad_token_id)
+        tokens.append(token)
+        finished |= token == eos_token_id
+        # The last step needs no forward; neither does a batch in which every row has stopped.
+        if step == config.max_new_tokens - 1 or bool(finished.all()):
+            break
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=mask[:, : prompt_len + step + 1],
+            position_ids=next_position,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
+        next_position = next_position + 1
+    response, response_mask = truncate_after_eos(
+        torch.stack(tokens, dim=1), eos_token_id, pad_token_id
+    )  # (B, Tr) each
+    return GenerationOutput(response, response_mask.long(), eos_emitted=finished)

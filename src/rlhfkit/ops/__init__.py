@@ -1,0 +1,64 @@
+"""Pure tensor math for RLHF (torch only, no state): log-probs, masks, advantages, losses.
+
+Every function names its source in its docstring; trainers call these and never inline math.
+"""
+
+from rlhfkit.ops.advantages import gae, group_advantages, rloo_advantages
+from rlhfkit.ops.logprobs import (
+    check_token_ids,
+    entropy_from_logits,
+    shifted_logprobs,
+    token_logprobs,
+)
+from rlhfkit.ops.losses import (
+    DPO_LOSSES,
+    KL_ESTIMATORS,
+    dpo_loss,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_penalty,
+    pairwise_logexp_loss,
+    pairwise_logsigmoid_loss,
+    ppo_policy_loss,
+    ppo_value_loss,
+    ranking_loss,
+)
+from rlhfkit.ops.masks import (
+    last_token_index,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    position_ids_from_mask,
+    truncate_after_eos,
+)
+
+__all__ = [
+    "DPO_LOSSES",
+    "KL_ESTIMATORS",
+    "check_token_ids",
+    "dpo_loss",
+    "entropy_from_logits",
+    "gae",
+    "group_advantages",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_penalty",
+    "last_token_index",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "pairwise_logexp_loss",
+    "pairwise_logsigmoid_loss",
+    "position_ids_from_mask",
+    "ppo_policy_loss",
+    "ppo_value_loss",
+    "ranking_loss",
+    "rloo_advantages",
+    "shifted_logprobs",
+    "token_logprobs",
+    "truncate_after_eos",
+]

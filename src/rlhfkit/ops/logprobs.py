@@ -1,0 +1,201 @@
+"""Token log-probabilities and entropy from language-model logits, memory-light.
+
+``log_softmax(logits).gather(labels)`` materialises a second (B, T, V) tensor, which for a
+GPT-2 vocabulary (V = 50257) is often the largest allocation of an RLHF step. Here the
+log-softmax is written as ``logit[label] - logsumexp(logits)`` and evaluated over chunks of
+(B, T) positions, so only a (chunk, V) block exists at a time, in the forward pass and in the
+backward pass (a small ``torch.autograd.Function`` writes the gradient straight into one
+(B, T, V) buffer). This is the same identity TRL's ``selective_log_softmax`` and OpenRLHF's
+``logprobs_from_logits`` use; they loop per row, we loop per chunk of positions.
+
+Alignment: a causal LM's logits at position t are the distribution of token t + 1, so the
+log-probability of ``input_ids[:, t + 1]`` is read from ``logits[:, t]``. ``shifted_logprobs``
+does that shift; ``token_logprobs`` takes labels that are already aligned with the logits.
+Getting this wrong (or passing float ids) is exactly the ``Target 24844 is out of bounds``
+crash in MISSION.md, so every entry point validates ids with ``check_token_ids``.
+
+Log-probs and entropies are returned in float32 (float64 if the logits are float64): importance
+ratios ``exp(logp - old_logp)`` are too coarse in bf16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+DEFAULT_CHUNK_SIZE = 1024  # (B, T) positions per block: 1024 x 50257 x 4 bytes = 206 MB at most
+
+
+def check_token_ids(
+    ids: torch.Tensor,
+    vocab_size: int,
+    name: str = "labels",
+    *,
+    logits: torch.Tensor | None = None,
+) -> None:
+    """Raise a ``ValueError`` unless ``ids`` are integer token ids in ``[0, vocab_size)``.
+
+    If ``logits`` (B, T, V) is given, ``ids`` must also have shape (B, T). Costs one min/max.
+    """
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise ValueError(
+            f"{name} must be integer token ids, got dtype {str(ids.dtype).removeprefix('torch.')}"
+            f" (the ids were floats or bools; convert them with .long())"
+        )
+    if logits is not None and tuple(ids.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"{name} has shape {tuple(ids.shape)} but logits has shape {tuple(logits.shape)}: "
+            f"expected {name} of shape {tuple(logits.shape[:-1])} (logits at position t predict "
+            f"token t + 1; use shifted_logprobs for unshifted input_ids)"
+        )
+    if ids.numel() == 0:
+        return
+    low, high = torch.aminmax(ids)
+    for bad in (int(low), int(high)):
+        if not 0 <= bad < vocab_size:
+            where = tuple(int(i) for i in (ids == bad).nonzero()[0])
+            hint = (
+                "; -100 marks ignored positions for cross-entropy: replace them and mask the result"
+                if bad == -100
+                else ""
+            )
+            raise ValueError(
+                f"{name} contains token id {bad} at position {where}, outside the vocabulary of "
+                f"size {vocab_size} (valid ids are 0..{vocab_size - 1}){hint}"
+            )
+
+
+def _check_logits(logits: torch.Tensor) -> None:
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
+
+
+def _blocks(batch: int, length: int, chunk_size: int) -> Iterator[tuple[slice, slice]]:
+    """Cover a (batch, length) grid with blocks of at most ``chunk_size`` positions.
+
+    Blocks are (rows, time-span) slices, so ``logits[rows, span]`` is a view even when the
+    logits are a non-contiguous slice: no (B, T, V) copy is ever made.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    span = max(1, min(length, chunk_size))
+    rows = max(1, chunk_size // span)
+    for b0 in range(0, batch, rows):
+        for t0 in range(0, length, span):
+            # Explicit ends: the logits may be longer than the labels (shifted_logprobs).
+            yield slice(b0, min(b0 + rows, batch)), slice(t0, min(t0 + span, length))
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """log p(label) = logit[label] - logsumexp(logits), chunked in forward and backward.
+
+    ``labels`` (B, L) with L <= T score the first L positions of ``logits`` (B, T, V); the
+    gradient of the remaining positions is zero. Backward uses d/dx = onehot(label) - softmax(x).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        batch, length = labels.shape
+        acc = _accumulation_dtype(logits.dtype)
+        out = logits.new_empty((batch, length), dtype=acc)  # (B, L)
+        lse = logits.new_empty((batch, length), dtype=acc)  # (B, L)
+        for rows, span in _blocks(batch, length, chunk_size):
+            block = logits[rows, span].to(acc)  # (b, t, V), a view unless upcast
+            lse[rows, span] = torch.logsumexp(block, dim=-1)
+            picked = block.gather(-1, labels[rows, span].unsqueeze(-1)).squeeze(-1)
+            out[rows, span] = picked - lse[rows, span]
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, labels, lse = ctx.saved_tensors
+        grad = torch.zeros_like(logits, memory_format=torch.contiguous_format)  # (B, T, V)
+        for rows, span in _blocks(*labels.shape, ctx.chunk_size):
+            block = logits[rows, span].to(lse.dtype)
+            g = grad_out[rows, span].unsqueeze(-1).to(lse.dtype)  # (b, t, 1)
+            block_grad = torch.exp(block - lse[rows, span].unsqueeze(-1)).mul_(-g)
+            block_grad.scatter_add_(-1, labels[rows, span].unsqueeze(-1), g)
+            grad[rows, span] = block_grad.to(grad.dtype)
+        return grad, None, None
+
+
+def token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> torch.Tensor:
+    """log softmax(logits)[label] per position, for labels already aligned with the logits.
+
+    Equal to ``logits.log_softmax(-1).gather(-1, labels[..., None])[..., 0]`` (gradients
+    included) without allocating a second (B, T, V) tensor.
+
+    Args:
+        logits: (B, T, V) unnormalised scores.
+        labels: (B, T) integer ids in [0, V).
+        chunk_size: (B, T) positions processed per block.
+
+    Returns:
+        (B, T) log-probabilities, float32 (float64 for float64 logits).
+    """
+    _check_logits(logits)
+    check_token_ids(labels, logits.shape[-1], "labels", logits=logits)
+    return _ChunkedTokenLogprobs.apply(logits, labels, chunk_size)
+
+
+def shifted_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> torch.Tensor:
+    """log p(input_ids[:, t + 1] | input_ids[:, :t + 1]), read from ``logits[:, t]``.
+
+    Args:
+        logits: (B, T, V) the model's output for ``input_ids``.
+        input_ids: (B, T) the ids that were fed to the model.
+
+    Returns:
+        (B, T - 1) log-probabilities of tokens 1..T-1; token 0 has no prediction.
+    """
+    _check_logits(logits)
+    check_token_ids(input_ids, logits.shape[-1], "input_ids", logits=logits)
+    # Pass the full logits and let the labels cover positions 0..T-2: slicing logits[:, :-1]
+    # here would make autograd allocate another (B, T, V) gradient to undo the slice.
+    return _ChunkedTokenLogprobs.apply(logits, input_ids[:, 1:], chunk_size)
+
+
+def entropy_from_logits(
+    logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> torch.Tensor:
+    """Entropy H = -sum_v p_v log p_v of softmax(logits) per position, chunked.
+
+    Uses log p = logits - logsumexp(logits), so H = logsumexp - sum_v p_v * logits_v.
+    Logits of -inf (tokens removed by top-k / top-p filtering) contribute 0, not NaN.
+
+    Args:
+        logits: (B, T, V).
+
+    Returns:
+        (B, T) entropies in nats, differentiable, float32 (float64 for float64 logits).
+    """
+    _check_logits(logits)
+    batch, length, _ = logits.shape
+    acc = _accumulation_dtype(logits.dtype)
+    if batch == 0 or length == 0:
+        return logits.new_zeros((batch, length), dtype=acc)
+    parts: dict[int, list[torch.Tensor]] = {}  # row-block start -> its (b, t) entropies
+    for rows, span in _blocks(batch, length, chunk_size):
+        parts.setdefault(rows.start, []).append(_block_entropy(logits[rows, span].to(acc)))
+    # torch.cat keeps autograd simple: an entropy bonus needs gradients.
+    return torch.cat([torch.cat(row_parts, dim=1) for row_parts in parts.values()], dim=0)
+
+
+def _block_entropy(block: torch.Tensor) -> torch.Tensor:
+    logp = block - torch.logsumexp(block, dim=-1, keepdim=True)  # (b, t, V)
+    # Replace -inf log-probs by 0 before multiplying: 0 * -inf is NaN, and torch.where on the
+    # product would still send NaN gradients through the unselected branch.
+    logp = torch.where(torch.isfinite(block), logp, torch.zeros_like(logp))
+    return -(logp.exp() * logp).sum(dim=-1)

@@ -1,0 +1,308 @@
+"""Scores for sampled responses, and the per-token rewards PPO learns from.
+
+- Scorers: a reward model (InstructGPT step 2, scored at the last real token, EOS included as
+  it was in training), any Python callable ``f(prompts, responses) -> list[float]``, or a
+  weighted sum of several. All give ``scores`` (B,) through one interface, ``Scorer``; a
+  non-finite score or a raising callable is reported with the sample's index, prompt and
+  response.
+- Missing-EOS penalty: TRL's ``missing_eos_penalty`` (subtract a constant) or
+  lm-human-preferences' ``penalty_reward_value`` (replace the score) for responses that ran
+  out of tokens before EOS.
+- Score normalisation with running moments (Welford / Chan et al. parallel update, as TRL's
+  ``RunningMoments``) and clipping (TRL's ``use_score_scaling`` / ``use_score_norm`` /
+  ``score_clip``).
+- ``shape_rewards``: Ziegler et al. 2019 / InstructGPT per-token rewards, -beta * KL(pi || ref)
+  at every response token plus the score at the last real token.
+- KL controllers: fixed, or adaptive as in Ziegler et al. 2019, section 2.2.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rlhfkit.ops.losses import kl_penalty
+from rlhfkit.ops.masks import last_token_index
+
+
+class ScoreError(ValueError):
+    """A scorer failed or gave an unusable score; the message names the sample."""
+
+
+@dataclass
+class ScoreInput:
+    """One batch as scorers see it: texts for Python functions, token ids for models."""
+
+    prompts: list[str]  # B decoded prompts
+    responses: list[str]  # B decoded responses, special tokens (EOS) removed
+    query: torch.Tensor  # (B, Tq) left-padded prompt ids
+    query_mask: torch.Tensor  # (B, Tq)
+    response: torch.Tensor  # (B, Tr) response ids, pad after EOS
+    response_mask: torch.Tensor  # (B, Tr) 1 up to and including EOS
+
+    def describe(self, index: int) -> str:
+        return f"sample {index} (prompt={self.prompts[index]!r}, response={self.responses[index]!r})"
+
+
+class Scorer(ABC):
+    """Gives one score per response. Subclasses implement ``score``; calling checks it."""
+
+    name: str = "scorer"
+
+    @abstractmethod
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        """(B,) scores for ``batch``."""
+
+    def __call__(self, batch: ScoreInput) -> torch.Tensor:
+        scores = self.score(batch)
+        expected = (len(batch.prompts),)
+        if tuple(scores.shape) != expected:
+            raise ScoreError(
+                f"{self.name} returned scores of shape {tuple(scores.shape)}, expected {expected}"
+            )
+        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+        if bad:
+            raise ScoreError(
+                f"{self.name} gave the non-finite score {scores[bad[0]].item()} for "
+                f"{batch.describe(bad[0])} ({len(bad)} non-finite in the batch)"
+            )
+        return scores.float()
+
+
+class FunctionScorer(Scorer):
+    """Wraps ``fn(prompts: list[str], responses: list[str]) -> list[float]`` (or a tensor)."""
+
+    def __init__(self, fn: Callable[[list[str], list[str]], Sequence[float]], name: str | None = None):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        try:
+            values = self.fn(batch.prompts, batch.responses)
+        except Exception as error:
+            raise self._blame(batch, error) from error
+        scores = torch.as_tensor(values, dtype=torch.float32).flatten()
+        if scores.numel() != len(batch.prompts):
+            raise ScoreError(
+                f"{self.name} returned {scores.numel()} scores for {len(batch.prompts)} responses"
+            )
+        return scores.to(batch.response.device)
+
+    def _blame(self, batch: ScoreInput, error: Exception) -> ScoreError:
+        """Re-run the samples one by one to name the first that makes ``fn`` raise."""
+        for i in range(len(batch.prompts)):
+            try:
+                self.fn(batch.prompts[i : i + 1], batch.responses[i : i + 1])
+            except Exception as single_error:
+                return ScoreError(
+                    f"{self.name} raised {type(single_error).__name__}: {single_error} on "
+                    f"{batch.describe(i)}"
+                )
+        return ScoreError(
+            f"{self.name} raised {type(error).__name__}: {error} on the batch of "
+            f"{len(batch.prompts)} (no single sample raises on its own)"
+        )
+
+
+class RewardModelScorer(Scorer):
+    """Scores query + response ids with a reward model (``models.RewardModel``).
+
+    The model must share the policy's tokenizer. The sequence keeps the EOS the policy emitted,
+    so the model reads its score at EOS, as it was trained (see the peers' pitfall 7).
+    """
+
+    def __init__(self, model: torch.nn.Module, name: str = "reward_model"):
+        self.model = model
+        self.name = name
+
+    @torch.no_grad()
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        sequence = torch.cat([batch.query, batch.response], dim=1)  # (B, Tq + Tr)
+        mask = torch.cat([batch.query_mask, batch.response_mask], dim=1)  # (B, Tq + Tr)
+        return self.model(sequence, mask).float()  # (B,) at the last real token
+
+
+class WeightedScorer(Scorer):
+    """sum_i weight_i * scorer_i(batch): e.g. a reward model plus a format bonus."""
+
+    def __init__(self, parts: Sequence[tuple[Scorer, float]]):
+        if not parts:
+            raise ValueError("WeightedScorer needs at least one (scorer, weight) pair")
+        self.parts = [(as_scorer(scorer), float(weight)) for scorer, weight in parts]
+        self.name = " + ".join(f"{w:g}*{s.name}" for s, w in self.parts)
+
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        return sum(weight * scorer(batch) for scorer, weight in self.parts)
+
+
+def as_scorer(source: Scorer | torch.nn.Module | Callable) -> Scorer:
+    """A ``Scorer`` as is, a ``torch.nn.Module`` as a reward model, any other callable as a
+    Python function of (prompts, responses)."""
+    if isinstance(source, Scorer):
+        return source
+    if isinstance(source, torch.nn.Module):
+        return RewardModelScorer(source)
+    if callable(source):
+        return FunctionScorer(source)
+    raise TypeError(f"cannot score with {type(source).__name__}: need a Scorer, model or callable")
+
+
+# --------------------------------------------------------------------------- score processing
+class RunningMoments:
+    """Running mean and standard deviation over every score seen (Chan et al. 1979 update)."""
+
+    def __init__(self):
+        self.count = 0
+        self.mean = 0.0
+        self.m2 = 0.0  # sum of squared deviations from the mean
+
+    @property
+    def std(self) -> float:
+        """Unbiased standard deviation (1.0 before two values were seen)."""
+        return math.sqrt(self.m2 / (self.count - 1)) if self.count > 1 else 1.0
+
+    def update(self, values: torch.Tensor) -> None:
+        values = values.detach().double().flatten()
+        n = values.numel()
+        if n == 0:
+            return
+        batch_mean = values.mean().item()
+        batch_m2 = ((values - batch_mean) ** 2).sum().item()
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += batch_m2 + delta**2 * self.count * n / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+
+
+@dataclass
+class ScoreOptions:
+    """How raw scores become the score added at the last token (all off by default).
+
+    Attributes:
+        missing_eos_penalty: subtracted from the score of a response without EOS (TRL's
+            ``missing_eos_penalty``); None turns it off.
+        missing_eos_replace: instead of subtracting, set such a score to -missing_eos_penalty
+            (lm-human-preferences' ``penalty_reward_value``).
+        normalize: "none"; "scale" divides by the running std; "standardize" also subtracts
+            the running mean. Statistics include the current batch.
+        clip: clamp the processed score to [-clip, clip]; None turns it off.
+    """
+
+    missing_eos_penalty: float | None = None
+    missing_eos_replace: bool = False
+    normalize: str = "none"
+    clip: float | None = None
+
+    def __post_init__(self):
+        if self.normalize not in ("none", "scale", "standardize"):
+            raise ValueError(
+                f"normalize={self.normalize!r}: allowed 'none', 'scale', 'standardize'"
+            )
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"clip={self.clip}: must be > 0 or None")
+        if self.missing_eos_replace and self.missing_eos_penalty is None:
+            raise ValueError("missing_eos_replace=True needs missing_eos_penalty (the value)")
+
+
+def process_scores(
+    scores: torch.Tensor, eos_emitted: torch.Tensor, options: ScoreOptions, moments: RunningMoments
+) -> torch.Tensor:
+    """Apply, in order, the missing-EOS penalty, running normalisation and clipping.
+
+    ``scores`` (B,), ``eos_emitted`` (B,) bool. ``moments`` is updated with the penalised
+    scores of this batch (only when normalising).
+    """
+    if options.missing_eos_penalty is not None:
+        penalised = (
+            torch.full_like(scores, -options.missing_eos_penalty)
+            if options.missing_eos_replace
+            else scores - options.missing_eos_penalty
+        )
+        scores = torch.where(eos_emitted, scores, penalised)
+    if options.normalize != "none":
+        moments.update(scores)
+        shift = moments.mean if options.normalize == "standardize" else 0.0
+        scores = (scores - shift) / max(moments.std, 1e-8)
+    if options.clip is not None:
+        scores = scores.clamp(-options.clip, options.clip)
+    return scores
+
+
+# --------------------------------------------------------------------------- reward shaping
+def shape_rewards(
+    scores: torch.Tensor,
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_coef: float,
+    estimator: str = "k1",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token rewards: -kl_coef * KL(pi || ref) at each real token, + score at the last one.
+
+    Ziegler et al. 2019 eq. 2 / InstructGPT eq. 2, spread over tokens as lm-human-preferences
+    and TRL do. The last real token is found from the mask (``ops.masks.last_token_index``),
+    so it is the EOS when one was emitted and the final token otherwise.
+
+    Args:
+        scores: (B,) processed scores.
+        logprobs, ref_logprobs: (B, Tr) of the sampled tokens under the policy and reference.
+        response_mask: (B, Tr).
+        kl_coef: beta.
+        estimator: "k1" (default, InstructGPT), "k2" or "k3" (see ``ops.losses``).
+
+    Returns:
+        ``(rewards, kl)``, both (B, Tr) and 0 at padding; ``kl`` is the per-token estimate.
+    """
+    real = response_mask != 0
+    kl = torch.where(real, kl_penalty(logprobs, ref_logprobs, estimator), 0.0)  # (B, Tr)
+    rewards = -kl_coef * kl  # (B, Tr)
+    last = last_token_index(response_mask)  # (B,)
+    rewards = rewards.scatter_add(1, last[:, None], scores[:, None].to(rewards.dtype))
+    return rewards, kl
+
+
+# --------------------------------------------------------------------------- KL controllers
+class FixedKLController:
+    """A constant KL coefficient beta."""
+
+    def __init__(self, kl_coef: float):
+        self.value = kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Nothing to adapt."""
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+class AdaptiveKLController(FixedKLController):
+    """Ziegler et al. 2019, section 2.2 (lm-human-preferences' ``AdaptiveKLController``).
+
+    e = clip(KL / target - 1, -0.2, 0.2); beta <- beta * (1 + e * n_steps / horizon), where
+    KL is the current KL(pi || ref) per sequence and n_steps the episodes since the last update.
+    """
+
+    def __init__(self, kl_coef: float, target: float, horizon: int):
+        if not target > 0 or not horizon > 0:
+            raise ValueError(f"target={target}, horizon={horizon}: both must be > 0")
+        super().__init__(kl_coef)
+        self.target = target
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon

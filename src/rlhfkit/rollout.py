@@ -1,0 +1,318 @@
+"""Making PPO experience: the one ``Rollout`` record and the forward passes that fill it.
+
+A rollout follows InstructGPT / Ziegler et al. 2019 as lm-human-preferences and TRL's
+``PPOTrainer`` implement it: sample a response per prompt, then (no gradient, eval mode) run
+ONE forward of the full query + response sequence through each of the policy, the frozen
+reference and the critic, score the responses, shape per-token rewards (-beta * KL plus the
+score at the last real token), and compute GAE advantages and returns, whitening the
+advantages.
+
+Sampling temperature: the behaviour policy samples from softmax(logits / T), so the log-probs
+PPO uses (rollout, reference and update alike) are computed from ``logits / T`` too, as in
+lm-human-preferences and TRL; at T != 1 they are not the log-probs of the temperature-1 model.
+Departure shared with TRL: top-k / top-p filtering is not reflected in the log-probs (the
+ratio and KL use the full softmax), so keep them off for PPO unless you accept that bias.
+
+Values: the critic's value V(s_t) for response token t is read at the position that predicts
+it (the last query token for t = 0), as in TRL: ``values[:, Tq - 1 : -1]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from rlhfkit.generation import SamplingConfig, generate
+from rlhfkit.models import reference_mode
+from rlhfkit.ops.advantages import gae
+from rlhfkit.ops.logprobs import token_logprobs
+from rlhfkit.ops.masks import masked_whiten, position_ids_from_mask
+from rlhfkit.rewards import (
+    RunningMoments,
+    ScoreInput,
+    ScoreOptions,
+    Scorer,
+    process_scores,
+    shape_rewards,
+)
+
+
+@dataclass
+class Rollout:
+    """One batch of experience. Tensors share the batch dimension B; see DESIGN.md."""
+
+    query: torch.Tensor  # (B, Tq) prompt ids, left-padded
+    query_mask: torch.Tensor  # (B, Tq)
+    response: torch.Tensor  # (B, Tr) sampled ids, pad after the first EOS
+    response_mask: torch.Tensor  # (B, Tr) 1 for real tokens up to and including EOS
+    logprobs: torch.Tensor  # (B, Tr) log pi_old(token) at the sampling temperature
+    ref_logprobs: torch.Tensor  # (B, Tr) log pi_ref(token) at the sampling temperature
+    values: torch.Tensor  # (B, Tr) critic values V(s_t)
+    raw_scores: torch.Tensor  # (B,) scorer output before penalty / normalisation / clipping
+    scores: torch.Tensor  # (B,) the score added at the last real token
+    kl: torch.Tensor  # (B, Tr) per-token KL(pi || ref) estimate used in the rewards
+    rewards: torch.Tensor  # (B, Tr) -beta * kl + score at the last real token
+    advantages: torch.Tensor  # (B, Tr) GAE, whitened if configured
+    returns: torch.Tensor  # (B, Tr) GAE advantages (before whitening) + values
+    eos_emitted: torch.Tensor  # (B,) bool, False where the response ran out of tokens
+    prompts: list[str]  # B decoded prompts
+    responses: list[str]  # B decoded responses (special tokens removed)
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+
+    def __len__(self) -> int:
+        return self.query.shape[0]
+
+    def select(self, index: torch.Tensor) -> Rollout:
+        """The rows ``index`` (a minibatch), with all-padding columns trimmed away.
+
+        Trimming the left-padding of the queries and the right-padding of the responses that
+        no row of the minibatch uses saves compute and changes no masked result.
+        """
+        rows = index.tolist()
+        picked = {
+            f.name: [getattr(self, f.name)[i] for i in rows]
+            if isinstance(getattr(self, f.name), list)
+            else getattr(self, f.name)[index]
+            for f in dataclasses.fields(self)
+            if f.name != "timings"
+        }
+        used_query = picked["query_mask"].any(0).nonzero()
+        used_response = picked["response_mask"].any(0).nonzero()
+        q0 = int(used_query[0]) if len(used_query) else 0
+        r1 = int(used_response[-1]) + 1 if len(used_response) else 1
+        for name in ("query", "query_mask"):
+            picked[name] = picked[name][:, q0:]
+        for name, value in picked.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and name not in ("query", "query_mask"):
+                picked[name] = value[:, :r1]
+        return Rollout(**picked)
+
+
+class ValueHeadLM(nn.Module):
+    """A causal LM with a scalar value head on its last hidden state (shared trunk).
+
+    The alternative to a separate critic: lm-human-preferences' and TRL's
+    ``AutoModelForCausalLMWithValueHead``. One forward gives the logits and the values.
+    """
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+        self.value_head = nn.Linear(lm.config.hidden_size, 1)
+        # Zero init: values start at 0, so the first updates do not throw the shared trunk off.
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def config(self):
+        return self.lm.config
+
+    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep: int = 0):
+        out = self.lm(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=logits_to_keep,
+        )
+        hidden = out.hidden_states[-1]  # (B, T, H), after the final layer norm
+        values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # (B, T)
+        return out.logits, values
+
+
+def causal_lm(policy: nn.Module) -> nn.Module:
+    """The language model inside ``policy`` (itself unless it is a ``ValueHeadLM``)."""
+    return policy.lm if isinstance(policy, ValueHeadLM) else policy
+
+
+def sequence_inputs(
+    query: torch.Tensor, query_mask: torch.Tensor, response: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """Model inputs for query + response side by side, positions from the mask."""
+    input_ids = torch.cat([query, response], dim=1)  # (B, Tq + Tr)
+    attention_mask = torch.cat([query_mask, response_mask], dim=1).long()  # (B, Tq + Tr)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+    }
+
+
+def response_logits(
+    model: nn.Module, inputs: dict[str, torch.Tensor], response_len: int, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits over the response tokens (B, Tr, V), divided by ``temperature``, and the values
+    (B, Tr) when ``model`` is a ``ValueHeadLM`` (else None).
+
+    Only the last ``Tr + 1`` positions go through the LM head (``logits_to_keep``): the query
+    positions predict nothing PPO uses. The logits at the last position predict past the
+    response and are dropped, so logits[:, t] predicts response token t.
+    """
+    keep = response_len + 1
+    if isinstance(model, ValueHeadLM):
+        logits, values = model(**inputs, logits_to_keep=keep)
+        values = values[:, -keep:-1]  # (B, Tr)
+    else:
+        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+        values = None
+    logits = logits[:, :-1]  # (B, Tr, V)
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits, values
+
+
+def critic_values(critic: nn.Module, inputs: dict[str, torch.Tensor], response_len: int) -> torch.Tensor:
+    """Values (B, Tr) of a separate critic (``models.ValueModel``) for each response token."""
+    values = critic(inputs["input_ids"], inputs["attention_mask"])  # (B, Tq + Tr)
+    return values[:, -response_len - 1 : -1].float()
+
+
+@dataclass
+class RolloutSettings:
+    """How experience is made (the PPO trainer fills it from its config).
+
+    Attributes:
+        sampling: sampling settings for the responses.
+        kl_estimator: "k1" (InstructGPT), "k2" or "k3", for the per-token KL penalty.
+        gamma, lam: GAE discount and lambda.
+        whiten_advantages: normalise advantages over the batch (mean 0, std 1).
+        scores: missing-EOS penalty, normalisation and clipping of scores.
+        forward_batch_size: rows per forward pass after sampling; None = the whole batch.
+    """
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    kl_estimator: str = "k1"
+    gamma: float = 1.0
+    lam: float = 0.95
+    whiten_advantages: bool = True
+    scores: ScoreOptions = field(default_factory=ScoreOptions)
+    forward_batch_size: int | None = None
+
+
+@dataclass
+class RolloutModels:
+    """The models a rollout runs. ``reference=None`` means the policy with its LoRA adapter
+    disabled; ``critic=None`` means the policy is a ``ValueHeadLM``."""
+
+    policy: nn.Module
+    reference: nn.Module | None
+    critic: nn.Module | None
+
+
+def _forward_passes(models: RolloutModels, inputs: dict, response: torch.Tensor, temperature: float):
+    """(logprobs, ref_logprobs, values), each (b, Tr), for one chunk of rows."""
+    response_len = response.shape[1]
+    logits, values = response_logits(models.policy, inputs, response_len, temperature)
+    logprobs = token_logprobs(logits, response)  # (b, Tr)
+    if models.critic is not None:
+        values = critic_values(models.critic, inputs, response_len)  # (b, Tr)
+    if models.reference is None:
+        with reference_mode(causal_lm(models.policy)) as lm:
+            ref_logits, _ = response_logits(lm, inputs, response_len, temperature)
+    else:
+        ref_logits, _ = response_logits(models.reference, inputs, response_len, temperature)
+    ref_logprobs = token_logprobs(ref_logits, response)  # (b, Tr)
+    return logprobs, ref_logprobs, values.float()
+
+
+@torch.no_grad()
+def make_rollout(
+    models: RolloutModels,
+    scorer: Scorer,
+    query: torch.Tensor,
+    query_mask: torch.Tensor,
+    tokenizer,
+    settings: RolloutSettings,
+    kl_coef: float,
+    moments: RunningMoments | None = None,
+    generator: torch.Generator | None = None,
+    autocast=nullcontext,
+) -> Rollout:
+    """Generate, forward, score, shape rewards, GAE: one batch of PPO experience.
+
+    Args:
+        models: policy, reference and critic (put in eval mode here; the caller switches back).
+        scorer: gives the (B,) scores.
+        query, query_mask: (B, Tq) left-padded prompts.
+        tokenizer: decodes prompts and responses for the scorer and the logs; its EOS ends
+            responses and its pad fills after them.
+        settings: see ``RolloutSettings``.
+        kl_coef: the current beta of the KL penalty.
+        moments: running score statistics (needed when normalising scores).
+        generator: the sampling random source.
+        autocast: a context-manager factory for the model passes (e.g. bf16 autocast).
+    """
+    for model in (models.policy, models.reference, models.critic):
+        if model is not None:
+            model.eval()
+    timings = {}
+    started = time.perf_counter()
+    with autocast():
+        out = generate(
+            causal_lm(models.policy),
+            query,
+            query_mask,
+            settings.sampling,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            generator=generator,
+        )
+    timings["generate"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    inputs = sequence_inputs(query, query_mask, out.response, out.response_mask)
+    chunk = settings.forward_batch_size or len(query)
+    parts = []
+    with autocast():
+        for rows in torch.arange(len(query), device=query.device).split(chunk):
+            chunk_inputs = {k: v[rows] for k, v in inputs.items()}
+            temperature = settings.sampling.temperature
+            parts.append(_forward_passes(models, chunk_inputs, out.response[rows], temperature))
+    logprobs, ref_logprobs, values = (torch.cat(p) for p in zip(*parts))  # (B, Tr) each
+    timings["forward"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    batch = ScoreInput(
+        prompts=tokenizer.batch_decode(query, skip_special_tokens=True),
+        responses=tokenizer.batch_decode(out.response, skip_special_tokens=True),
+        query=query,
+        query_mask=query_mask,
+        response=out.response,
+        response_mask=out.response_mask,
+    )
+    with autocast():
+        raw_scores = scorer(batch)  # (B,)
+    scores = process_scores(raw_scores, out.eos_emitted, settings.scores, moments or RunningMoments())
+    timings["score"] = time.perf_counter() - started
+
+    rewards, kl = shape_rewards(
+        scores, logprobs, ref_logprobs, out.response_mask, kl_coef, settings.kl_estimator
+    )  # (B, Tr) each
+    advantages, returns = gae(rewards, values, out.response_mask, settings.gamma, settings.lam)
+    if settings.whiten_advantages:
+        advantages = masked_whiten(advantages, out.response_mask)
+    return Rollout(
+        query=query,
+        query_mask=query_mask,
+        response=out.response,
+        response_mask=out.response_mask,
+        logprobs=logprobs,
+        ref_logprobs=ref_logprobs,
+        values=values,
+        raw_scores=raw_scores,
+        scores=scores,
+        kl=kl,
+        rewards=rewards,
+        advantages=advantages,
+        returns=returns,
+        eos_emitted=out.eos_emitted,
+        prompts=batch.prompts,
+        responses=batch.responses,
+        timings=timings,
+    )

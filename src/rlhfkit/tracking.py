@@ -1,0 +1,186 @@
+"""Run tracking: TensorBoard, a JSONL log of every metric, a progress bar, sample texts, plots.
+
+One `Tracker` per run directory. Every `log()` call writes the same numbers to three places:
+TensorBoard (to browse), `metrics.jsonl` (one JSON object per call, with `step` and wall-clock
+`time`, easy to load with pandas or `json`), and the tqdm bar's postfix (to watch). Sample texts
+go to TensorBoard's text tab and to `samples.jsonl`, so reward hacking is *seen*, not guessed.
+`plot()` draws PNG curves from the JSONL with matplotlib's headless Agg backend.
+
+Only the main process should write; pass `enabled=False` on the others and every method becomes
+a no-op. On resume, pass `resume_step`: lines logged after that step by the interrupted run are
+dropped from the JSONL files and TensorBoard purges its events after it, so curves do not double.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+
+
+def _to_number(value: Any) -> float:
+    """A Python float from a float, int, 0-dim tensor or numpy scalar."""
+    return float(value.item() if hasattr(value, "item") else value)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All JSON objects of a JSONL file (empty list if the file does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Drop rows logged after `step` (left by an interrupted run that is being resumed)."""
+    rows = [row for row in read_jsonl(path) if row.get("step", 0) <= step]
+    with path.open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+class Tracker:
+    """Log metrics and samples of one run to TensorBoard, JSONL files and a progress bar.
+
+    Args:
+        run_dir: directory for `metrics.jsonl`, `samples.jsonl` and TensorBoard events (`tb/`).
+        enabled: write anything at all (False on non-main processes).
+        resume_step: the step a resumed run restarts from; later rows are discarded.
+        tensorboard: also write TensorBoard events.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        enabled: bool = True,
+        resume_step: int | None = None,
+        tensorboard: bool = True,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self._writer = None
+        self._bar: tqdm | None = None
+        if not enabled:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None:
+            for name in (METRICS_FILE, SAMPLES_FILE):
+                if (self.run_dir / name).exists():
+                    _truncate_after(self.run_dir / name, resume_step)
+        if tensorboard:
+            # Imported here: TensorBoard's import is slow and not needed when disabled.
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_step)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / METRICS_FILE
+
+    @property
+    def samples_path(self) -> Path:
+        return self.run_dir / SAMPLES_FILE
+
+    def start_progress(self, total: int, initial: int = 0, desc: str = "train") -> None:
+        """Open the progress bar over `total` steps, `initial` of them already done."""
+        if self.enabled:
+            self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+
+    def advance(self, n: int = 1) -> None:
+        """Move the progress bar by `n` steps."""
+        if self._bar is not None:
+            self._bar.update(n)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Record scalar `metrics` at `step` (numbers, 0-dim tensors or numpy scalars)."""
+        if not self.enabled:
+            return
+        values = {key: _to_number(value) for key, value in metrics.items()}
+        row = {"step": int(step), "time": time.time(), **values}
+        with self.metrics_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if self._writer is not None:
+            for key, value in values.items():
+                self._writer.add_scalar(key, value, step)
+        if self._bar is not None:
+            shown = {k: f"{v:.4g}" for k, v in values.items() if not k.startswith("time")}
+            self._bar.set_postfix(shown, refresh=False)
+        logger.debug("step %d: %s", step, values)
+
+    def log_samples(self, rows: Sequence[Mapping[str, Any]], step: int, tag: str = "samples") -> None:
+        """Record text samples (e.g. prompt, response, score) at `step`.
+
+        Each row is one JSON object in `samples.jsonl` (with `step` and `tag`); TensorBoard gets
+        them as one markdown table under `tag`.
+        """
+        if not self.enabled or not rows:
+            return
+        with self.samples_path.open("a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({"step": int(step), "tag": tag, **row}, default=str) + "\n")
+        if self._writer is not None:
+            self._writer.add_text(tag, _markdown_table(rows), step)
+
+    def plot(self, keys: Iterable[str], png_path: str | Path) -> Path:
+        """Draw each metric in `keys` against step (one panel each) from `metrics.jsonl`."""
+        import matplotlib
+
+        matplotlib.use("Agg")  # headless: no display on servers and in CI
+        import matplotlib.pyplot as plt
+
+        keys = list(keys)
+        rows = read_jsonl(self.metrics_path)
+        fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.5 * len(keys)), squeeze=False)
+        for ax, key in zip(axes[:, 0], keys):
+            points = [(r["step"], r[key]) for r in rows if key in r and math.isfinite(r[key])]
+            if not points:
+                logger.warning("plot: no values logged for %r in %s", key, self.metrics_path)
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker=".")
+            ax.set_title(key)
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        png_path = Path(png_path)
+        png_path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(png_path, dpi=100)
+        plt.close(fig)
+        return png_path
+
+    def close(self) -> None:
+        """Flush and close TensorBoard and the progress bar."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Rows as a markdown table; '|' and newlines escaped so texts stay in their cell."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)

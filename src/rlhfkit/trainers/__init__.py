@@ -1,0 +1,31 @@
+"""Trainers: the shared loop (`loop.Trainer`) and one trainer per stage built on it.
+
+- `loop`: accumulation, clipping, schedule, evaluation, checkpoints, exact resume, tracking.
+- `checkpoint`: pickle-free checkpoint files (safetensors + JSON), RNG states, rotation.
+- `sft`: supervised fine-tuning (`SFTTrainer`, `run_sft`).
+- `reward`: reward model on pairs and K-way rankings (`RewardTrainer`, `run_reward`).
+
+Names are imported lazily, so `import rlhfkit.trainers.loop` does not load every stage.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Trainer": "loop",
+    "TrainerState": "loop",
+    "SFTTrainer": "sft",
+    "run_sft": "sft",
+    "RewardTrainer": "reward",
+    "run_reward": "reward",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

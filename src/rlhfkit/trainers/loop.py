@@ -1,0 +1,407 @@
+"""The training loop every rlhfkit trainer shares, on `accelerate` (not the HF `Trainer`).
+
+A trainer subclasses `Trainer` and supplies two methods:
+
+- `compute_loss(batch) -> (loss, metrics)`: the loss of one micro-batch (a scalar tensor to
+  minimise) and scalar metrics to log;
+- `evaluate() -> metrics`: held-out metrics (called in eval mode, without gradients).
+
+The base owns everything else: AdamW with decoupled weight decay on weight matrices only,
+warmup plus linear/cosine/constant decay (transformers' `get_scheduler`), gradient accumulation,
+gradient clipping, periodic evaluation, logging (`rlhfkit.tracking.Tracker`), checkpoints and
+exact resume.
+
+Data position: each epoch visits the training examples in a permutation drawn from
+`(seed, epoch)` alone, so a resumed run rebuilds the same order and skips the micro-batches it
+has already seen. Micro-batches flow across epoch boundaries; an optimiser step consumes
+`gradient_accumulation_steps` of them. On several processes, micro-batch `i` of the epoch's list
+goes to process `i % num_processes`.
+
+Checkpoints (`checkpoint-<step>/`, written to a temporary directory and renamed when complete):
+the model via `save_pretrained` (safetensors) with its tokenizer, `optimizer.safetensors`,
+`rng_state_<rank>.safetensors` (python, numpy, torch, CUDA generators) and `trainer_state.json`
+(step, epoch, batch index, scheduler state, config). Nothing is pickled. A finished run also
+writes `final/` (model + tokenizer + `trainer_state.json` with `"complete": true`); with
+`resume=True` a complete run is skipped. Evaluation runs with the random streams saved and
+restored around it, so `eval_every` never changes the training trajectory.
+
+Departures from the HF Trainer: the loss of each micro-batch is that micro-batch's own mean,
+divided by the number of accumulated micro-batches (no re-weighting by token counts across
+micro-batches); fp16 with loss scaling and sharded optimisers (FSDP, DeepSpeed) are not
+supported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import send_to_device, set_seed
+from torch import nn
+from transformers import get_scheduler
+
+from rlhfkit.config import TrainConfig
+from rlhfkit.tracking import Tracker
+from rlhfkit.trainers import checkpoint as ckpt
+
+logger = logging.getLogger(__name__)
+
+OPTIMIZER_FILE = "optimizer.safetensors"
+Batch = dict[str, Any]
+
+
+@dataclasses.dataclass
+class TrainerState:
+    """Where a run is: everything besides weights, optimiser and RNG needed to resume it."""
+
+    step: int = 0
+    """Optimiser steps done."""
+    epoch: int = 0
+    """Current epoch (0-based)."""
+    batch_index: int = 0
+    """Micro-batches of the current epoch already consumed by this process."""
+    total_steps: int = 0
+    """Optimiser steps the run will make."""
+    complete: bool = False
+    """True once the final model is written."""
+    eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    """The most recent evaluation results."""
+
+
+def _scalar(value: Any) -> float:
+    """A float from a number or a (possibly grad-carrying) 0-dim tensor."""
+    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
+    """The permutation of example indices for `epoch`; a function of `(seed, epoch)` only."""
+    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+
+
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over trainable parameters; no weight decay on biases and norm gains (1-D tensors)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"{type(model).__name__} has no trainable parameters")
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]],
+        lr=config.learning_rate,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_epsilon,
+    )
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int):
+    """Linear warmup, then the configured decay, stepped once per optimiser step."""
+    warmup = config.warmup_for(total_steps)
+    name = config.lr_scheduler
+    if name == "constant" and warmup > 0:
+        name = "constant_with_warmup"
+    return get_scheduler(
+        name, optimizer, num_warmup_steps=warmup, num_training_steps=max(total_steps, 1)
+    )
+
+
+class Trainer:
+    """Base training loop; subclasses implement `compute_loss` and `evaluate`.
+
+    Args:
+        config: loop settings (a `TrainConfig` or a stage config derived from it).
+        model: the module to train; only parameters with `requires_grad` are optimised.
+        train_data: training examples, indexable; `collate_fn` turns a list of them into a batch.
+        collate_fn: list of examples -> dict of tensors (moved to the device by the loop).
+        tokenizer: saved next to every checkpoint and the final model, if given.
+        accelerator: share one between trainers; a new one is made from `config` if None.
+    """
+
+    plot_keys: tuple[str, ...] = ("train/loss", "train/lr")
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        train_data: Sequence[Any],
+        collate_fn: Callable[[list[Any]], Batch],
+        *,
+        tokenizer: Any = None,
+        accelerator: Accelerator | None = None,
+    ) -> None:
+        if len(train_data) == 0:
+            raise ValueError("train_data is empty: nothing to train on")
+        self.config = config
+        self.accelerator = accelerator or Accelerator(
+            cpu=config.cpu,
+            mixed_precision=config.mixed_precision,
+            gradient_accumulation_steps=config.gradient_accumulation_steps,
+        )
+        set_seed(config.seed)
+        self.train_data = train_data
+        self.collate_fn = collate_fn
+        self.tokenizer = tokenizer
+        self.output_dir = Path(config.output_dir)
+        self.model, self.optimizer = self.accelerator.prepare(model, build_optimizer(model, config))
+        self.state = TrainerState(total_steps=self._count_total_steps())
+        self.scheduler = build_scheduler(self.optimizer, config, self.state.total_steps)
+        self.tracker: Tracker | None = None
+        self._evaluated_at = self._saved_at = -1  # steps of the latest evaluation / checkpoint
+
+    # ----------------------------------------------------------------- to implement
+    def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Loss (scalar tensor) and metrics of one micro-batch."""
+        raise NotImplementedError
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics; the loop calls this in eval mode under `torch.no_grad()`."""
+        return {}
+
+    # ----------------------------------------------------------------- data position
+    @property
+    def batches_per_epoch(self) -> int:
+        """Micro-batches each process sees per epoch (the last one may be smaller)."""
+        world = self.accelerator.num_processes
+        num_batches = -(-len(self.train_data) // self.config.batch_size)  # ceil
+        # Every process must see the same number of micro-batches, or DDP would wait forever.
+        return max(num_batches // world, 1)
+
+    def _count_total_steps(self) -> int:
+        if self.config.max_steps is not None:
+            return self.config.max_steps
+        micro_batches = self.config.num_epochs * self.batches_per_epoch
+        return max(micro_batches // self.config.gradient_accumulation_steps, 1)
+
+    def _next_batch(self) -> Batch:
+        """The next micro-batch of this process, advancing (epoch, batch_index)."""
+        if self.state.batch_index >= self.batches_per_epoch:
+            self.state.epoch += 1
+            self.state.batch_index = 0
+        order = epoch_order(len(self.train_data), self.config.seed, self.state.epoch)
+        size = self.config.batch_size
+        start = (self.state.batch_index * self.accelerator.num_processes) * size
+        start += self.accelerator.process_index * size
+        self.state.batch_index += 1
+        examples = [self.train_data[int(i)] for i in order[start : start + size]]
+        return send_to_device(self.collate_fn(examples), self.accelerator.device)
+
+    # ----------------------------------------------------------------- the loop
+    def train(self, stop_after: int | None = None) -> TrainerState:
+        """Train to `total_steps` (resuming if configured), then evaluate and save `final/`.
+
+        `stop_after`: make at most this many optimiser steps in this call, then write a
+        checkpoint and return (a time-sliced job; the next `train()` resumes there).
+        """
+        if self._prepare_run():
+            return self.state
+        target = self.state.total_steps
+        if stop_after is not None:
+            target = min(target, self.state.step + stop_after)
+        self.tracker = Tracker(
+            self.output_dir,
+            enabled=self.accelerator.is_main_process,
+            resume_step=self.state.step,
+            tensorboard=self.config.tensorboard,
+        )
+        self.tracker.start_progress(self.state.total_steps, self.state.step, type(self).__name__)
+        try:
+            self._run_steps(target)
+            if self.state.step < self.state.total_steps:
+                self.save_checkpoint()
+                return self.state
+            self._finish()
+        finally:
+            self.tracker.close()
+        return self.state
+
+    def _prepare_run(self) -> bool:
+        """Resume or clear `output_dir`; True if the run is already complete."""
+        if self.config.resume:
+            if ckpt.is_complete(self.output_dir):
+                logger.info("%s holds a finished run; skipping", self.output_dir)
+                self.state.complete = True
+                return True
+            latest = ckpt.latest_checkpoint(self.output_dir)
+            if latest is not None:
+                self.load_checkpoint(latest)
+        elif self.accelerator.is_main_process:
+            for old in [*ckpt.checkpoint_dirs(self.output_dir), self.output_dir / "final"]:
+                logger.warning("resume=False: deleting %s", old)
+                shutil.rmtree(old, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            ckpt.write_json(self.config.to_dict(), self.output_dir / "train_config.json")
+        return False
+
+    def _run_steps(self, target: int) -> None:
+        self.model.train()
+        cfg = self.config
+        sums: dict[str, float] = {}
+        count = 0
+        while self.state.step < target:
+            started = time.perf_counter()
+            metrics = self._optimizer_step()
+            metrics["step_seconds"] = time.perf_counter() - started
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, 0.0) + value
+            count += 1
+            self.state.step += 1
+            self.tracker.advance()
+            if self.state.step % cfg.log_every == 0 or self.state.step == target:
+                self._log_train(sums, count)
+                sums, count = {}, 0
+            if cfg.eval_every and self.state.step % cfg.eval_every == 0:
+                self.run_evaluation()
+            if cfg.save_every and self.state.step % cfg.save_every == 0:
+                self.save_checkpoint()
+
+    def _optimizer_step(self) -> dict[str, float]:
+        """Accumulate gradients over the micro-batches of one step, clip, step. Returns the
+        micro-batch-averaged metrics plus `grad_norm` and `lr`."""
+        accumulation = self.config.gradient_accumulation_steps
+        totals: dict[str, float] = {}
+        for _ in range(accumulation):
+            batch = self._next_batch()
+            # accumulate(): no gradient all-reduce until the last micro-batch; backward()
+            # divides the loss by the number of micro-batches.
+            with self.accelerator.accumulate(self.model), self.accelerator.autocast():
+                loss, metrics = self.compute_loss(batch)
+                self.accelerator.backward(loss)
+            for key, value in {"loss": loss, **metrics}.items():
+                totals[key] = totals.get(key, 0.0) + _scalar(value) / accumulation
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        max_norm = self.config.max_grad_norm or float("inf")  # inf: measure without clipping
+        grad_norm = self.accelerator.clip_grad_norm_(params, max_norm)
+        totals["lr"] = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals["grad_norm"] = float(grad_norm)
+        return totals
+
+    def _log_train(self, sums: dict[str, float], count: int) -> None:
+        """Log the mean of each metric over the last `count` steps (averaged over processes)."""
+        keys = sorted(sums)
+        means = torch.tensor([sums[k] / count for k in keys], device=self.accelerator.device)
+        means = self.accelerator.reduce(means, reduction="mean")
+        metrics = {f"train/{k}": v for k, v in zip(keys, means.tolist())}
+        metrics["train/epoch"] = self.state.epoch + self.state.batch_index / self.batches_per_epoch
+        self.tracker.log(metrics, self.state.step)
+
+    def run_evaluation(self) -> dict[str, float]:
+        """`evaluate()` in eval mode, without gradients or RNG side effects; logs `eval/*`."""
+        self.model.eval()
+        with ckpt.preserved_rng(), torch.no_grad():
+            metrics = {k: float(v) for k, v in self.evaluate().items()}
+        self.model.train()
+        self._evaluated_at = self.state.step
+        if metrics:
+            self.state.eval_metrics = metrics
+            if self.tracker is not None:
+                self.tracker.log({f"eval/{k}": v for k, v in metrics.items()}, self.state.step)
+            logger.info("step %d eval: %s", self.state.step, metrics)
+        return metrics
+
+    def _finish(self) -> None:
+        """Final evaluation, last checkpoint, `final/` with the complete marker, curves."""
+        if self._evaluated_at != self.state.step:
+            self.run_evaluation()
+        if self._saved_at != self.state.step:
+            self.save_checkpoint()
+        self.on_train_end()
+        self.state.complete = True
+        if self.accelerator.is_main_process:
+            with ckpt.atomic_dir(self.config.final_dir) as tmp:
+                self.save_model(tmp)
+                ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
+            keys = [*self.plot_keys, *(f"eval/{k}" for k in self.state.eval_metrics)]
+            self.tracker.plot(keys, self.output_dir / "curves.png")
+        self.accelerator.wait_for_everyone()
+        logger.info("finished: final model in %s", self.config.final_dir)
+
+    def on_train_end(self) -> None:
+        """Hook run after the last step and evaluation, before `final/` is written."""
+
+    # ----------------------------------------------------------------- checkpoints
+    @property
+    def unwrapped_model(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def save_model(self, path: Path) -> None:
+        """Write the model (and tokenizer) so that `from_pretrained(path)` loads it."""
+        self.unwrapped_model.save_pretrained(path)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(path)
+
+    def load_model_weights(self, path: Path) -> None:
+        """Load the weights `save_model` wrote into the model being trained (for resume)."""
+        model = self.unwrapped_model
+        saved = type(model).from_pretrained(path)
+        model.load_state_dict(saved.state_dict())
+
+    def _state_json(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self.state),
+            "scheduler": self.scheduler.state_dict(),
+            "config": self.config.to_dict(),
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write `checkpoint-<step>` atomically, then delete all but the newest `keep_last`."""
+        path = self.output_dir / f"{ckpt.CHECKPOINT_PREFIX}{self.state.step}"
+        acc = self.accelerator
+        # Each process writes its own RNG state into one shared temporary directory; the main
+        # process renames it into place once everyone is done.
+        tmp = self.output_dir / f".tmp-{path.name}"
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            self.save_model(tmp)
+            ckpt.save_state(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        acc.wait_for_everyone()
+        ckpt.save_state(ckpt.rng_state(), tmp / f"rng_state_{acc.process_index}.safetensors")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
+            shutil.rmtree(path, ignore_errors=True)
+            tmp.rename(path)
+            for old in ckpt.rotate_checkpoints(self.output_dir, self.config.keep_last):
+                logger.info("deleted old checkpoint %s", old)
+        acc.wait_for_everyone()
+        self._saved_at = self.state.step
+        logger.info("saved checkpoint %s", path)
+        return path
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore model, optimiser, scheduler, RNG streams and data position from `path`."""
+        saved = ckpt.read_json(path / ckpt.STATE_FILE)
+        if saved["total_steps"] != self.state.total_steps:
+            logger.warning(
+                "checkpoint %s planned %d steps, this run plans %d; the schedule follows the "
+                "checkpoint's state",
+                path,
+                saved["total_steps"],
+                self.state.total_steps,
+            )
+        self.load_model_weights(path)
+        self.optimizer.load_state_dict(ckpt.load_state(path / OPTIMIZER_FILE))
+        self.scheduler.load_state_dict(saved["scheduler"])
+        fields = {f.name for f in dataclasses.fields(TrainerState)}
+        self.state = TrainerState(**{k: v for k, v in saved.items() if k in fields})
+        self.state.total_steps = self._count_total_steps()
+        rng_file = path / f"rng_state_{self.accelerator.process_index}.safetensors"
+        if rng_file.is_file():
+            ckpt.set_rng_state(ckpt.load_state(rng_file))
+        else:
+            logger.warning("%s missing: random streams are not restored exactly", rng_file)
+        logger.info("resumed from %s at step %d", path, self.state.step)

@@ -1,0 +1,114 @@
+"""Shared test fixtures: a tiny byte-level BPE tokenizer and a tiny GPT-2 built from a config.
+
+Everything is made in-process and offline, so the suite never touches the Hugging Face hub.
+Fixtures are session-scoped because building them is the slowest part of many tests; tests
+that mutate a model must ask for ``tiny_model`` (a fresh load) rather than share one.
+"""
+
+import os
+
+# Set before transformers/datasets are imported anywhere, so nothing tries the network.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+import random  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+)
+
+# The machine is shared by the whole team; more threads only add contention.
+torch.set_num_threads(2)
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+TINY_VOCAB_SIZE = 400
+
+_SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "a small bird", "the robot", "we"]
+_VERBS = ["likes", "sees", "finds", "makes", "wants", "reads", "paints", "helps"]
+_OBJECTS = ["a red ball", "the big tree", "some good food", "a new book", "the blue sky", "it"]
+_ENDINGS = [".", "!", " today.", " every day.", " in the park.", "?"]
+
+
+def tiny_corpus(n_lines: int = 400, seed: int = 0) -> list[str]:
+    """Simple English sentences, deterministic for a given seed."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(n_lines):
+        words = f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}"
+        lines.append(f"{words.capitalize()}{rng.choice(_ENDINGS)} Number {i % 50}.")
+    return lines
+
+
+def build_tiny_tokenizer(vocab_size: int = TINY_VOCAB_SIZE) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE (GPT-2 style) on ``tiny_corpus`` in well under a second."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(tiny_corpus(), trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        model_max_length=128,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    """Directory holding the tiny tokenizer, loadable with ``AutoTokenizer.from_pretrained``."""
+    path = tmp_path_factory.mktemp("tiny_tokenizer")
+    build_tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_tokenizer_dir):
+    """The tiny tokenizer loaded back from disk (so tests see what users would load)."""
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
+    """A seeded 2-layer GPT-2 (n_embd 64) saved together with the tiny tokenizer."""
+    path = tmp_path_factory.mktemp("tiny_model")
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        n_positions=128,
+        vocab_size=len(tiny_tokenizer),
+        bos_token_id=tiny_tokenizer.bos_token_id,
+        eos_token_id=tiny_tokenizer.eos_token_id,
+        pad_token_id=tiny_tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    model.generation_config.pad_token_id = tiny_tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def tiny_model(tiny_model_dir):
+    """A fresh load of the tiny GPT-2 (function-scoped, safe to train or mutate)."""
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)

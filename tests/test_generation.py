@@ -1,0 +1,164 @@
+"""Sampling with a KV cache: EOS handling, masks, left padding, filtering, reproducibility."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from rlhfkit.data import pad
+from rlhfkit.generation import SamplingConfig, filter_logits, generate, sample_next_token
+
+EOS, PAD, VOCAB = 0, 1, 8
+
+
+class ScriptedLM(torch.nn.Module):
+    """Emits ``script[row][step]`` greedily (a huge logit; token 4 is the runner-up), counting
+    its forward calls."""
+
+    def __init__(self, script: list[list[int]]):
+        super().__init__()
+        self.script = torch.tensor(script)
+        self.calls = 0
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache, past_key_values=None, **kw):
+        step = self.calls
+        self.calls += 1
+        logits = torch.zeros(input_ids.shape[0], 1, VOCAB)
+        logits[..., 4] = 1.0
+        logits[torch.arange(input_ids.shape[0]), 0, self.script[:, step]] = 100.0
+        return SimpleNamespace(logits=logits, past_key_values=past_key_values)
+
+
+def _query(batch=3, length=2):
+    return torch.full((batch, length), 5), torch.ones(batch, length, dtype=torch.long)
+
+
+def test_stops_at_eos_pads_after_and_masks_up_to_eos():
+    script = [[2, EOS, 3, 4, 5, 6], [2, 3, 4, EOS, 5, 6], [EOS, 2, 2, 2, 2, 2]]
+    model = ScriptedLM(script)
+    out = generate(
+        model, *_query(), SamplingConfig(max_new_tokens=6, greedy=True), eos_token_id=EOS, pad_token_id=PAD
+    )
+    assert out.response.tolist() == [[2, EOS, PAD, PAD], [2, 3, 4, EOS], [EOS, PAD, PAD, PAD]]
+    assert out.response_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert out.response_mask.dtype == torch.long
+    # Every row finished after 4 tokens: prefill + 3 decode steps, no wasted forward.
+    assert model.calls == 4
+    assert out.eos_emitted.tolist() == [True, True, True]
+
+
+def test_rows_without_eos_run_to_max_new_tokens():
+    script = [[2, 3, 4, 5], [EOS, 2, 2, 2]]
+    model = ScriptedLM(script)
+    out = generate(
+        model, *_query(2), SamplingConfig(max_new_tokens=4, greedy=True), eos_token_id=EOS, pad_token_id=PAD
+    )
+    assert out.response.tolist() == [[2, 3, 4, 5], [EOS, PAD, PAD, PAD]]
+    assert out.response_mask.tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
+    assert out.eos_emitted.tolist() == [False, True]
+    assert model.calls == 4  # the last token needs no forward
+
+
+def test_pad_token_is_never_sampled():
+    model = ScriptedLM([[PAD, PAD, 3]])  # the model prefers pad, then token 4
+    out = generate(
+        model, *_query(1), SamplingConfig(max_new_tokens=3, greedy=True), eos_token_id=EOS, pad_token_id=PAD
+    )
+    assert out.response.tolist() == [[4, 4, 3]]
+    assert out.response_mask.tolist() == [[1, 1, 1]]
+
+
+@pytest.fixture(scope="module")
+def decisive_model():
+    """A tiny GPT-2 with large init, so greedy arg-maxes are far from ties."""
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50, initializer_range=0.3)
+    return GPT2LMHeadModel(config).eval()
+
+
+def test_left_padding_gives_the_same_greedy_continuation_as_no_padding(decisive_model):
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
+    config = SamplingConfig(max_new_tokens=8, greedy=True)
+    query, query_mask = pad(prompts, PAD, side="left")
+    batched = generate(decisive_model, query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD)
+    for i, prompt in enumerate(prompts):
+        alone = generate(
+            decisive_model,
+            torch.tensor([prompt]),
+            torch.ones(1, len(prompt), dtype=torch.long),
+            config,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+        )
+        width = alone.response.shape[1]
+        assert batched.response[i, :width].tolist() == alone.response[0].tolist()
+        assert batched.response_mask[i, :width].tolist() == alone.response_mask[0].tolist()
+
+
+def test_cached_greedy_matches_full_recompute(decisive_model):
+    """The KV-cache loop equals re-running the whole sequence for every token."""
+    query, query_mask = pad([[5, 6, 7], [8, 9]], PAD, side="left")
+    out = generate(
+        decisive_model, query, query_mask, SamplingConfig(max_new_tokens=6, greedy=True), eos_token_id=EOS, pad_token_id=PAD
+    )
+    ids, mask = query, query_mask
+    for t in range(out.response.shape[1]):
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = decisive_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+        logits[:, PAD] = float("-inf")
+        expected = logits.argmax(-1)
+        real = out.response_mask[:, t].bool()
+        assert out.response[real, t].tolist() == expected[real].tolist()
+        ids = torch.cat([ids, out.response[:, t : t + 1]], 1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+
+
+def test_sampling_is_reproducible_with_a_seeded_generator(decisive_model):
+    query, query_mask = pad([[5, 6, 7], [8, 9]], PAD, side="left")
+    config = SamplingConfig(max_new_tokens=10, temperature=1.5)
+
+    def run(seed):
+        g = torch.Generator().manual_seed(seed)
+        return generate(decisive_model, query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD, generator=g).response
+
+    assert torch.equal(run(1), run(1))
+    assert not torch.equal(run(1), run(2))
+
+
+def test_top_k_one_is_greedy():
+    logits = torch.randn(16, 30)
+    g = torch.Generator().manual_seed(0)
+    sampled = sample_next_token(logits, SamplingConfig(top_k=1, temperature=2.0), g)
+    assert torch.equal(sampled, logits.argmax(-1))
+
+
+def test_filter_logits_by_hand():
+    # probabilities 0.5, 0.3, 0.15, 0.05 (log-space logits)
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    inf = float("-inf")
+    # top_p=0.7: 0.5 < 0.7 so the second token is kept too; mass before the third is 0.8.
+    kept = filter_logits(logits, top_p=0.7)
+    assert torch.isinf(kept).tolist() == [[False, False, True, True]]
+    # top_p=0.5: the first token alone reaches 0.5 exactly.
+    assert torch.isinf(filter_logits(logits, top_p=0.5)).tolist() == [[False, True, True, True]]
+    # A tiny top_p still keeps the most likely token.
+    assert torch.isinf(filter_logits(logits, top_p=1e-6)).tolist() == [[False, True, True, True]]
+    # top_k=3 drops only the last; the order of the tokens in the row does not matter.
+    shuffled = logits[:, [2, 0, 3, 1]]
+    assert filter_logits(shuffled, top_k=3)[0, 2].item() == inf
+    assert torch.isfinite(filter_logits(shuffled, top_k=3)).sum() == 3
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_new_tokens", 0), ("temperature", 0.0), ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5)],
+)
+def test_sampling_config_names_the_bad_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingConfig(**{field: value})
+
+
+def test_eos_equal_to_pad_is_rejected():
+    with pytest.raises(ValueError, match="must differ"):
+        generate(ScriptedLM([[2]]), *_query(1), SamplingConfig(max_new_tokens=1), eos_token_id=3, pad_token_id=3)

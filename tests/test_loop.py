@@ -1,0 +1,208 @@
+"""The shared training loop: exact resume, checkpoint files, rotation, schedule, accumulation.
+
+A toy language-modelling trainer on random token ids keeps these tests independent of the data
+pipeline; the tiny GPT-2 keeps its dropout (0.1) so that resume must restore the RNG streams.
+"""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+from rlhfkit.config import TrainConfig
+from rlhfkit.tracking import read_jsonl
+from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.trainers.loop import Trainer, epoch_order
+
+SEQ_LEN = 12
+
+
+class ToyLMTrainer(Trainer):
+    """Next-token loss on fixed-length random sequences (no padding)."""
+
+    def compute_loss(self, batch):
+        loss = self.model(input_ids=batch["input_ids"], labels=batch["input_ids"]).loss
+        return loss, {"tokens": batch["input_ids"].numel()}
+
+    def evaluate(self):
+        self.eval_calls = getattr(self, "eval_calls", 0) + 1
+        return {"random_draw": torch.rand(()).item()}
+
+
+def _collate(examples):
+    return {"input_ids": torch.stack(examples)}
+
+
+def _data(vocab, n=20):
+    gen = torch.Generator().manual_seed(1)
+    return [torch.randint(2, vocab, (SEQ_LEN,), generator=gen) for _ in range(n)]
+
+
+def _trainer(model_dir, tokenizer, out, no_dropout=False, **overrides):
+    kwargs = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0} if no_dropout else {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
+    fields = dict(
+        model=str(model_dir),
+        output_dir=str(out),
+        batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=6,
+        learning_rate=1e-3,
+        warmup_steps=2,
+        lr_scheduler="cosine",
+        log_every=1,
+        cpu=True,
+        tensorboard=False,
+    )
+    fields.update(overrides)
+    config = TrainConfig(**fields)
+    return ToyLMTrainer(config, model, _data(len(tokenizer)), _collate, tokenizer=tokenizer)
+
+
+def _weights(trainer):
+    return {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+
+
+def test_stop_and_resume_equals_uninterrupted_run(tiny_model_dir, tiny_tokenizer, tmp_path):
+    # 20 examples / batch 4 = 5 micro-batches per epoch, 2 per step: steps cross epochs and the
+    # interruption after step 3 falls in the middle of epoch 1.
+    straight = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "a", eval_every=2)
+    straight.train()
+    expected = _weights(straight)
+
+    first = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "b", eval_every=2)
+    state = first.train(stop_after=3)
+    assert (state.step, state.epoch, state.batch_index, state.complete) == (3, 1, 1, False)
+    assert ckpt.latest_checkpoint(tmp_path / "b").name == "checkpoint-3"
+    # A fresh process would start from fresh weights and fresh random streams.
+    torch.manual_seed(123)
+    random.seed(123)
+    second = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "b", eval_every=2)
+    state = second.train()
+    assert state.complete and state.step == 6
+
+    resumed = _weights(second)
+    assert resumed.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(resumed[name], tensor), name
+    # Curves of the resumed run continue the interrupted one: one row per step, no duplicates.
+    steps = [r["step"] for r in read_jsonl(tmp_path / "b" / "metrics.jsonl") if "train/loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_final_dir_and_checkpoint_files(tiny_model_dir, tiny_tokenizer, tmp_path):
+    trainer = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=1, keep_last=2)
+    trainer.train()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert [n for n in names if n.startswith("checkpoint-")] == ["checkpoint-5", "checkpoint-6"]
+    assert not [n for n in names if n.startswith(".")], "temporary directories left behind"
+    last = tmp_path / "checkpoint-6"
+    state = json.loads((last / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["scheduler"]["last_epoch"] == 6
+    with safe_open(str(last / "optimizer.safetensors"), "pt") as f:
+        assert "t.state.0.exp_avg" in set(f.keys())
+    assert (last / "model.safetensors").is_file() and not list(tmp_path.rglob("*.bin"))
+
+    final = tmp_path / "final"
+    assert ckpt.is_complete(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(final)
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, trainer.unwrapped_model.state_dict()[name]), name
+    assert (final / "tokenizer.json").is_file()
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+def test_complete_run_is_skipped_and_resume_false_starts_over(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, max_steps=2).train()
+    again = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, max_steps=2)
+    before = _weights(again)
+    state = again.train()
+    assert state.complete and again.state.step == 0  # nothing was trained
+    assert all(torch.equal(before[k], v) for k, v in _weights(again).items())
+
+    fresh = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, max_steps=1, resume=False)
+    assert fresh.train().step == 1
+    assert [p.name for p in ckpt.checkpoint_dirs(tmp_path)] == ["checkpoint-1"]
+
+
+def test_warmup_then_linear_decay_is_logged_per_step(tiny_model_dir, tiny_tokenizer, tmp_path):
+    trainer = _trainer(
+        tiny_model_dir, tiny_tokenizer, tmp_path, max_steps=4, lr_scheduler="linear"
+    )
+    trainer.train()
+    rows = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if "train/lr" in r]
+    # linear warmup over 2 steps, then linear decay to 0 at step 4; lr used by steps 1..4.
+    assert [r["train/lr"] for r in rows] == pytest.approx([0.0, 5e-4, 1e-3, 5e-4])
+    assert all(r["train/grad_norm"] > 0 for r in rows)
+    # Two micro-batches of 4 sequences per step.
+    assert [r["train/tokens"] for r in rows] == [4 * SEQ_LEN] * 4
+
+
+def test_accumulating_two_half_batches_equals_one_full_batch(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    # A larger Adam epsilon keeps float rounding in near-zero gradients from being amplified
+    # to a full-size update (m / sqrt(v) is about +-1 however small the gradient).
+    common = dict(
+        no_dropout=True, max_steps=3, max_grad_norm=0.0, lr_scheduler="constant", adam_epsilon=1e-4
+    )
+    halves = _trainer(
+        tiny_model_dir, tiny_tokenizer, tmp_path / "a", batch_size=2, **common
+    )
+    full = _trainer(
+        tiny_model_dir, tiny_tokenizer, tmp_path / "b", batch_size=4,
+        gradient_accumulation_steps=1, **common,
+    )  # fmt: skip
+    halves.train()
+    full.train()
+    a, b = _weights(halves), _weights(full)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6)
+
+
+def test_evaluation_does_not_change_training(tiny_model_dir, tiny_tokenizer, tmp_path):
+    with_eval = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "a", eval_every=1)
+    without = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "b", max_steps=6)
+    with_eval.train()
+    without.train()
+    assert with_eval.eval_calls == 6 and without.eval_calls == 1  # the final evaluation
+    a, b = _weights(with_eval), _weights(without)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_state_round_trip_without_pickle(tmp_path):
+    param = torch.nn.Parameter(torch.randn(3, 2))
+    opt = torch.optim.AdamW([param], lr=0.1, betas=(0.8, 0.9))
+    param.sum().backward()
+    opt.step()
+    ckpt.save_state(opt.state_dict(), tmp_path / "opt.safetensors")
+    loaded = ckpt.load_state(tmp_path / "opt.safetensors")
+    assert list(loaded["state"]) == [0]  # int keys survive JSON
+    assert torch.equal(loaded["state"][0]["exp_avg"], opt.state[param]["exp_avg"])
+    assert loaded["param_groups"][0]["betas"] == [0.8, 0.9]
+    opt2 = torch.optim.AdamW([torch.nn.Parameter(param.detach().clone())], lr=0.1)
+    opt2.load_state_dict(loaded)
+    assert opt2.state_dict()["param_groups"][0]["betas"] == [0.8, 0.9]
+
+    with pytest.raises(TypeError, match="without pickle"):
+        ckpt.save_state({"bad": object()}, tmp_path / "bad.safetensors")
+
+
+def test_rng_state_round_trip(tmp_path):
+    ckpt.save_state(ckpt.rng_state(), tmp_path / "rng.safetensors")
+    draws = (random.random(), np.random.rand(), torch.rand(()).item())
+    ckpt.set_rng_state(ckpt.load_state(tmp_path / "rng.safetensors"))
+    assert (random.random(), np.random.rand(), torch.rand(()).item()) == draws
+
+
+def test_epoch_order_depends_on_seed_and_epoch_only():
+    order = epoch_order(10, seed=3, epoch=1)
+    assert sorted(order.tolist()) == list(range(10))
+    assert np.array_equal(order, epoch_order(10, seed=3, epoch=1))
+    assert not np.array_equal(order, epoch_order(10, seed=3, epoch=2))
