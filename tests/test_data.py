@@ -44,15 +44,19 @@ DEMOS = [
 # A tiny chat template that ends the assistant's turn with EOS and a newline.
 TEMPLATE = (
     "{% for m in messages %}<{{ m.role }}>{{ m.content }}"
-    "{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}\n{% endfor %}"
+    "{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}<assistant>{% endif %}"
 )
 
 
-def table(rows):
-    """A pyarrow table with every column any row has (absent values become null)."""
+def columns(rows):
+    """Every column any row has; absent values become null, as in a real table."""
     keys = dict.fromkeys(k for r in rows for k in r)
-    return pa.table({k: [r.get(k) for r in rows] for k in keys})
+    return {k: [r.get(k) for r in rows] for k in keys}
+
+
+def table(rows):
+    return pa.table(columns(rows))
 
 
 def write_jsonl(path, rows):
@@ -78,7 +82,7 @@ def write(tmp_path, fmt, rows):
     if fmt == "save_to_disk":
         import datasets
 
-        datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "saved")
+        datasets.Dataset.from_dict(columns(rows)).save_to_disk(tmp_path / "saved")
         return tmp_path / "saved"
     folder = tmp_path / "folder"  # a dir of files, read in name order
     (folder / "data").mkdir(parents=True)
@@ -113,7 +117,7 @@ def test_saved_dataset_dict_picks_the_split(tmp_path):
 
     splits = {"train": DEMO_ROWS[:2], "test": DEMO_ROWS[2:]}
     datasets.DatasetDict(
-        {k: datasets.Dataset.from_list(v) for k, v in splits.items()}
+        {k: datasets.Dataset.from_dict(columns(v)) for k, v in splits.items()}
     ).save_to_disk(tmp_path / "dd")
     assert load_records(tmp_path / "dd", "demonstrations", split="test") == DEMOS[2:]
 
@@ -171,9 +175,9 @@ def test_bad_json_line(tmp_path, text, says):
 @pytest.mark.parametrize("fmt", ["json_list", "parquet"])
 def test_bad_row_in_a_table_names_its_index(tmp_path, fmt):
     source = write(
-        tmp_path, fmt, [{"prompt": "p", "response": "r"}, {"prompt": "p", "response": 5}]
+        tmp_path, fmt, [{"prompt": "p", "response": "r"}, {"prompt": "p", "response": ""}]
     )
-    with pytest.raises(DataError, match=rf"^{source} row 1: field 'response' .* got int"):
+    with pytest.raises(DataError, match=rf"^{source} row 1: field 'response' .* got ''"):
         load_records(source, "demonstrations")
 
 
@@ -307,12 +311,14 @@ def test_prompt_collation_is_left_padded(tiny_tokenizer):
     assert tok.decode(batch["query"][1, width - n :]) == "We"
 
 
-def test_prompt_truncation_keeps_the_end(tiny_tokenizer):
-    full = ids(tiny_tokenizer, "The robot reads a new book every day.")
-    (kept,), report = encode_prompts([PromptRecord("The robot reads a new book every day.")],
-                                     tiny_tokenizer, max_prompt_length=3)  # fmt: skip
-    assert kept == full[-3:]
+def test_prompt_truncation_keeps_the_end_or_the_start(tiny_tokenizer):
+    text = "The robot reads a new book every day."
+    full = ids(tiny_tokenizer, text)
+    (end,), report = encode_prompts([PromptRecord(text)], tiny_tokenizer, max_prompt_length=3)
+    assert end == full[-3:]
     assert (report.truncated_prompts, report.tokens_removed) == (1, len(full) - 3)
+    (start,), _ = encode_prompts([PromptRecord(text)], tiny_tokenizer, 3, keep="start")
+    assert start == full[:3]
 
 
 def test_truncation_keeps_half_the_budget_each_and_is_counted(tiny_tokenizer):
@@ -378,6 +384,8 @@ def test_encoding_arguments_are_checked(tiny_tokenizer):
         encode_demonstrations(DEMOS, tiny_tokenizer, max_length=1)
     with pytest.raises(ValueError, match="max_prompt_length=0"):
         encode_prompts([PromptRecord("x")], tiny_tokenizer, max_prompt_length=0)
+    with pytest.raises(ValueError, match="keep='middle'"):
+        encode_prompts([PromptRecord("x")], tiny_tokenizer, 8, keep="middle")
 
 
 # ---------------------------------------------------------------------------- pad

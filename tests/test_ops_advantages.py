@@ -45,10 +45,9 @@ def test_gae_equals_plain_loop_on_right_padded_batch(gamma, lam):
     mask = (torch.arange(length) < lengths[:, None]).long()
     expected = loop_gae(rewards.tolist(), values.tolist(), lengths.tolist(), gamma, lam)
     junk = torch.randn(batch, length, generator=gen, dtype=torch.float64) * 1e6
-    advantages, returns = gae(
-        torch.where(mask.bool(), rewards, junk), torch.where(mask.bool(), values, junk),
-        mask, gamma, lam,
-    )  # fmt: skip
+    padded_rewards = torch.where(mask.bool(), rewards, junk)
+    padded_values = torch.where(mask.bool(), values, junk)
+    advantages, returns = gae(padded_rewards, padded_values, mask, gamma, lam)
     torch.testing.assert_close(advantages, expected)
     torch.testing.assert_close(returns, (expected + values) * mask)
 
@@ -91,7 +90,10 @@ def test_group_advantages_hand_example():
     scores = torch.tensor([1.0, 2.0, 3.0, 5.0, 5.0, 5.0])
     # group 1: mean 2, unbiased std 1; group 2: identical scores -> 0, not NaN
     torch.testing.assert_close(
-        group_advantages(scores, 3), torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]), atol=1e-5, rtol=0
+        group_advantages(scores, 3),
+        torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]),
+        atol=1e-5,
+        rtol=0,
     )
     torch.testing.assert_close(
         group_advantages(scores, 3, scale_by_std=False), torch.tensor([-1.0, 0, 1, 0, 0, 0])
@@ -113,13 +115,18 @@ def test_group_and_rloo_equal_plain_loop():
             expected_rloo.append(s - sum(others) / len(others))
     check = torch.testing.assert_close
     check(group_advantages(scores, group_size), torch.tensor(expected_grpo, dtype=torch.float64))
-    check(group_advantages(scores, group_size, scale_by_std=False), torch.tensor(expected_dr, dtype=torch.float64))
+    check(
+        group_advantages(scores, group_size, scale_by_std=False),
+        torch.tensor(expected_dr, dtype=torch.float64),
+    )
     check(rloo_advantages(scores, group_size), torch.tensor(expected_rloo, dtype=torch.float64))
 
 
 def test_rloo_hand_example_and_identity():
     scores = torch.tensor([1.0, 2.0, 3.0])
-    torch.testing.assert_close(rloo_advantages(torch.tensor([1, 2, 3]), 3), torch.tensor([-1.5, 0.0, 1.5]))
+    torch.testing.assert_close(
+        rloo_advantages(torch.tensor([1, 2, 3]), 3), torch.tensor([-1.5, 0.0, 1.5])
+    )
     rloo = rloo_advantages(scores, 3)
     torch.testing.assert_close(rloo, torch.tensor([-1.5, 0.0, 1.5]))
     torch.testing.assert_close(rloo, 3 / 2 * (scores - scores.mean()))

@@ -77,9 +77,7 @@ class FullSizeAllocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {
-            a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)
-        }
+        inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
         for item in out if isinstance(out, (tuple, list)) else (out,):
             if (
                 isinstance(item, torch.Tensor)
@@ -150,7 +148,9 @@ def test_check_token_ids_out_of_vocab_names_id_and_vocab():
 
 
 def test_check_token_ids_shape_mismatch_gives_both_shapes():
-    with pytest.raises(ValueError, match=r"labels has shape \(2, 4\) but logits has shape \(2, 5, 7\)"):
+    with pytest.raises(
+        ValueError, match=r"labels has shape \(2, 4\) but logits has shape \(2, 5, 7\)"
+    ):
         token_logprobs(torch.zeros(2, 5, 7), torch.zeros(2, 4, dtype=torch.long))
 
 

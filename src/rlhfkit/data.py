@@ -285,7 +285,7 @@ Rows = Iterator[tuple[str, Any]]  # (where, raw row)
 
 
 def _jsonl_rows(path: Path) -> Rows:
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -298,7 +298,7 @@ def _jsonl_rows(path: Path) -> Rows:
 
 def _json_rows(path: Path) -> Rows:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":  # JSON Lines in a .json file, as `Dataset.to_json` writes
             yield from _jsonl_rows(path)
@@ -574,15 +574,21 @@ def _log(name: str, report: TruncationReport) -> None:
 
 
 def encode_prompts(
-    records: Sequence[Record], tokenizer: Any, max_prompt_length: int
+    records: Sequence[Record], tokenizer: Any, max_prompt_length: int, keep: str = "end"
 ) -> tuple[list[list[int]], TruncationReport]:
-    """Prompt ids of each record, left-truncated to `max_prompt_length` (keeping the end)."""
+    """Prompt ids of each record, at most `max_prompt_length` of them.
+
+    `keep="end"` cuts from the left, keeping the text next to the response (chat, questions);
+    `keep="start"` keeps the opening of a text to be continued (TRL's IMDb sentiment task).
+    """
     _check_length("max_prompt_length", max_prompt_length, 1)
+    if keep not in ("end", "start"):
+        raise ValueError(f"keep={keep!r}: expected 'end' or 'start'")
     texts = [_render(r.prompt, [], tokenizer)[:2] for r in records]
     report, prompts = TruncationReport(records=len(records)), []
     for ids in _encode_prompt_texts(tokenizer, texts):
         report.count(len(ids), min(len(ids), max_prompt_length), prompt=True)
-        prompts.append(ids[-max_prompt_length:])
+        prompts.append(ids[-max_prompt_length:] if keep == "end" else ids[:max_prompt_length])
     _log("encode_prompts", report)
     return prompts, report
 

@@ -39,15 +39,16 @@ def check_token_ids(
     If ``logits`` (B, T, V) is given, ``ids`` must also have shape (B, T). Costs one min/max.
     """
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        kind = "bools" if ids.dtype == torch.bool else "floats"
         raise ValueError(
             f"{name} must be integer token ids, got dtype {str(ids.dtype).removeprefix('torch.')}"
-            f" (the ids were floats or bools; convert them with .long())"
+            f" (the ids were {kind}; convert them with .long())"
         )
     if logits is not None and tuple(ids.shape) != tuple(logits.shape[:-1]):
         raise ValueError(
             f"{name} has shape {tuple(ids.shape)} but logits has shape {tuple(logits.shape)}: "
             f"expected {name} of shape {tuple(logits.shape[:-1])} (logits at position t predict "
-            f"token t + 1; use shifted_logprobs for unshifted input_ids)"
+            "token t + 1: pass unshifted input_ids to shifted_logprobs instead)"
         )
     if ids.numel() == 0:
         return
@@ -167,9 +168,7 @@ def shifted_logprobs(
     return _ChunkedTokenLogprobs.apply(logits, input_ids[:, 1:], chunk_size)
 
 
-def entropy_from_logits(
-    logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
     """Entropy H = -sum_v p_v log p_v of softmax(logits) per position, chunked.
 
     Uses log p = logits - logsumexp(logits), so H = logsumexp - sum_v p_v * logits_v.

@@ -53,8 +53,7 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     needed = 2 if unbiased else 1
     if count < needed:
         raise ValueError(
-            f"masked_var needs at least {needed} real positions "
-            f"(unbiased={unbiased}), got {count}"
+            f"masked_var needs at least {needed} real positions (unbiased={unbiased}), got {count}"
         )
     centred = x - masked_mean(x, mask)
     variance = masked_mean(centred**2, mask)
