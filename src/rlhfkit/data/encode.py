@@ -1,0 +1,210 @@
+"""Encoding: records -> token ids, truncation counted in a `TruncationReport`, never hidden.
+
+Chat records keep their messages until tokenisation. With a tokenizer chat template the prompt
+is `apply_chat_template(prompt, add_generation_prompt=True)` and the response is what the
+template adds for the assistant's answer. Without one, roles are rendered plainly:
+"User: hi\\nAssistant:" then " hello" + EOS.
+
+Truncation (at tokenisation only; `pad` never cuts): when prompt + response exceeds
+`max_length`, the prompt keeps its end (the text next to the response) and the response its
+start, each getting at least half the budget when both are long, so neither becomes empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rlhfkit.data.records import (
+    Comparison,
+    DataError,
+    Demonstration,
+    Message,
+    Prompt,
+    Ranking,
+    Record,
+)
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100  # label ignored by the loss (torch cross_entropy's default ignore_index)
+
+
+@dataclass
+class TruncationReport:
+    """What tokenisation cut, for the trainer to log. No record is ever dropped."""
+
+    records: int = 0
+    truncated_prompts: int = 0
+    truncated_responses: int = 0
+    tokens_removed: int = 0
+
+    def count(self, before: int, after: int, *, prompt: bool) -> None:
+        if after < before:
+            self.truncated_prompts += prompt
+            self.truncated_responses += not prompt
+            self.tokens_removed += before - after
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.records} records: {self.truncated_prompts} prompts and "
+            f"{self.truncated_responses} responses truncated, {self.tokens_removed} tokens removed"
+        )
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    """`labels` equal `input_ids` on response tokens (EOS included) and -100 on the prompt;
+    unshifted, as Hugging Face models expect (logits at t predict labels at t + 1)."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+
+@dataclass(frozen=True)
+class PreferenceExample:
+    """Prompt ids and K >= 2 response ids (each ending with EOS unless truncated), best first."""
+
+    prompt_ids: list[int]
+    response_ids: list[list[int]]
+
+
+def _check_length(name: str, value: int, minimum: int) -> None:
+    if not (isinstance(value, int) and value >= minimum):
+        raise ValueError(f"{name}={value!r}: expected an integer >= {minimum}")
+
+
+def _eos_id(tokenizer: Any) -> int:
+    if tokenizer.eos_token_id is None:
+        raise ValueError("the tokenizer has no eos_token_id; responses must end with EOS")
+    return tokenizer.eos_token_id
+
+
+def _template(tokenizer: Any, messages: list[Message], prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+
+
+def _template_answer(tokenizer: Any, messages: list[Message], head: str, answer: str) -> str:
+    full = _template(tokenizer, [*messages, {"role": "assistant", "content": answer}], False)
+    if not full.startswith(head):
+        raise ValueError("the chat template does not render the prompt as a prefix of the chat")
+    return full[len(head) :]
+
+
+def _render(prompt: Prompt, responses: list[str], tokenizer: Any) -> tuple[str, bool, list[str]]:
+    """Prompt text, whether the tokenizer adds its special tokens (BOS) to it, response texts."""
+    if isinstance(prompt, str):
+        return prompt, True, responses
+    if not getattr(tokenizer, "chat_template", None):
+        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in prompt]
+        return "\n".join([*lines, "Assistant:"]), True, [" " + r for r in responses]
+    head = _template(tokenizer, prompt, True)  # the template writes its own BOS
+    return head, False, [_template_answer(tokenizer, prompt, head, r) for r in responses]
+
+
+def _token_ids(tokenizer: Any, texts: list[str], special: bool) -> list[list[int]]:
+    return list(tokenizer(texts, add_special_tokens=special)["input_ids"]) if texts else []
+
+
+def _encode_prompt_texts(tokenizer: Any, texts: list[tuple[str, bool]]) -> list[list[int]]:
+    ids: list[list[int]] = [[] for _ in texts]
+    for special in (True, False):  # one batched tokenizer call per flag
+        picked = [i for i, (_, s) in enumerate(texts) if s == special]
+        for i, seq in zip(
+            picked, _token_ids(tokenizer, [texts[i][0] for i in picked], special), strict=True
+        ):
+            ids[i] = seq
+    for (text, _), seq in zip(texts, ids, strict=True):
+        if not seq:
+            raise DataError(f"prompt {text[:40]!r} tokenises to no tokens")
+    return ids
+
+
+def _with_eos(ids: list[int], eos_id: int) -> list[int]:
+    return ids[: ids.index(eos_id) + 1] if eos_id in ids else [*ids, eos_id]
+
+
+def _encode(
+    prompts: list[Prompt], responses: list[list[str]], tokenizer: Any
+) -> list[tuple[list[int], list[list[int]]]]:
+    """Token ids of each prompt and of its responses (each ending with EOS)."""
+    eos_id = _eos_id(tokenizer)
+    rendered = [_render(p, rs, tokenizer) for p, rs in zip(prompts, responses, strict=True)]
+    prompt_ids = _encode_prompt_texts(tokenizer, [(text, special) for text, special, _ in rendered])
+    flat = iter(_token_ids(tokenizer, [t for _, _, texts in rendered for t in texts], False))
+    return [
+        (p, [_with_eos(next(flat), eos_id) for _ in texts])
+        for p, (_, _, texts) in zip(prompt_ids, rendered, strict=True)
+    ]
+
+
+def _truncate(
+    prompt: list[int], responses: list[list[int]], max_length: int, report: TruncationReport
+) -> tuple[list[int], list[list[int]]]:
+    """Fit prompt + each response in `max_length`: the prompt keeps its end, responses their
+    start; a long prompt keeps at least half the budget, so does a long response."""
+    longest = max(map(len, responses))
+    keep_prompt = min(len(prompt), max(max_length - longest, max_length // 2))
+    keep_response = max_length - keep_prompt  # >= 1 since max_length >= 2
+    report.records += 1
+    report.count(len(prompt), keep_prompt, prompt=True)
+    for r in responses:
+        report.count(len(r), min(len(r), keep_response), prompt=False)
+    return prompt[len(prompt) - keep_prompt :], [r[:keep_response] for r in responses]
+
+
+def _log(name: str, report: TruncationReport) -> None:
+    truncated = report.truncated_prompts or report.truncated_responses
+    logger.log(logging.WARNING if truncated else logging.INFO, "%s: %s", name, report)
+
+
+def encode_prompts(
+    records: Sequence[Record], tokenizer: Any, max_prompt_length: int, keep: str = "end"
+) -> tuple[list[list[int]], TruncationReport]:
+    """Prompt ids of each record, at most `max_prompt_length` of them.
+
+    `keep="end"` cuts from the left, keeping the text next to the response (chat, questions);
+    `keep="start"` keeps the opening of a text to be continued (TRL's IMDb sentiment task).
+    """
+    _check_length("max_prompt_length", max_prompt_length, 1)
+    if keep not in ("end", "start"):
+        raise ValueError(f"keep={keep!r}: expected 'end' or 'start'")
+    texts = [_render(r.prompt, [], tokenizer)[:2] for r in records]
+    report, prompts = TruncationReport(records=len(records)), []
+    for ids in _encode_prompt_texts(tokenizer, texts):
+        report.count(len(ids), min(len(ids), max_prompt_length), prompt=True)
+        prompts.append(ids[-max_prompt_length:] if keep == "end" else ids[:max_prompt_length])
+    _log("encode_prompts", report)
+    return prompts, report
+
+
+def encode_demonstrations(
+    records: Sequence[Demonstration], tokenizer: Any, max_length: int
+) -> tuple[list[SFTExample], TruncationReport]:
+    """SFT examples: prompt + response + EOS, loss only on the response (InstructGPT step 1)."""
+    _check_length("max_length", max_length, 2)
+    encoded = _encode([r.prompt for r in records], [[r.response] for r in records], tokenizer)
+    report, examples = TruncationReport(), []
+    for prompt, responses in encoded:
+        prompt, (response,) = _truncate(prompt, responses, max_length, report)
+        examples.append(SFTExample([*prompt, *response], [IGNORE_INDEX] * len(prompt) + response))
+    _log("encode_demonstrations", report)
+    return examples, report
+
+
+def encode_comparisons(
+    records: Sequence[Comparison | Ranking], tokenizer: Any, max_length: int
+) -> tuple[list[PreferenceExample], TruncationReport]:
+    """Prompt ids and best-first response ids per comparison or ranking (reward model, DPO)."""
+    _check_length("max_length", max_length, 2)
+    encoded = _encode([r.prompt for r in records], [r.best_first for r in records], tokenizer)
+    report = TruncationReport()
+    examples = [PreferenceExample(*_truncate(p, rs, max_length, report)) for p, rs in encoded]
+    _log("encode_comparisons", report)
+    return examples, report
