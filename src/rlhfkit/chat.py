@@ -1,0 +1,127 @@
+"""Talk to any checkpoint in the terminal, with each reply's reward shown.
+
+``rlhfkit chat --model PATH [--reward SCORER]`` (or ``python -m rlhfkit.chat ...``). The
+history is kept and rendered as ``env.LMAgent`` renders it (chat template, else
+"User: ...\\nAssistant:"); type ``/reset`` to clear it and ``/quit`` (or end of input, Ctrl-D)
+to leave. ``--reward`` takes any ``env.parse_scorer`` spec: ``digits``, ``gold``,
+``perplexity``, a reward model directory, ``module:function``. The reward of a reply is scored
+given the conversation before it, as ``env.TextEnv`` would.
+
+This module is the terminal UI, so it prints; the library underneath logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlhfkit.config import ConfigError
+from rlhfkit.data import Message
+from rlhfkit.env import LMAgent, parse_scorer, score_texts, token_budget
+from rlhfkit.generation import SamplingConfig
+from rlhfkit.rewards import Scorer
+
+BANNER = "Chatting with {model}. /reset clears the history, /quit (or Ctrl-D) exits."
+USER_PROMPT = "you> "
+
+
+def chat_loop(
+    agent: LMAgent,
+    scorer: Scorer | None = None,
+    *,
+    system: str | None = None,
+    read: Callable[[str], str] = input,
+    write: Callable[[str], None] = print,
+) -> list[Message]:
+    """Read a message, answer it, show the reward; until ``/quit`` or end of input.
+
+    Returns the conversation as it stood when the loop ended.
+    """
+    start = [{"role": "system", "content": system}] if system else []
+    messages = list(start)
+    max_length = token_budget(agent.tokenizer)
+    while True:
+        try:
+            text = read(USER_PROMPT).strip()
+        except (EOFError, KeyboardInterrupt):
+            write("")
+            return messages
+        if text == "/quit":
+            return messages
+        if text == "/reset":
+            messages = list(start)
+            write("(history cleared)")
+            continue
+        if not text:
+            continue
+        messages.append({"role": "user", "content": text})
+        reply = agent.generate(messages)
+        write(f"bot> {reply}")
+        if scorer is not None:
+            (score,) = score_texts(
+                scorer, agent.tokenizer, [messages], [reply], max_length, agent.device
+            )
+            write(f"[reward {scorer.name}: {score.item():.3f}]")
+        messages.append({"role": "assistant", "content": reply})
+
+
+@dataclass
+class ChatConfig:
+    """Chat in the terminal with a causal LM checkpoint, each reply's reward shown."""
+
+    model: str
+    """Checkpoint directory (or hub name) of a causal LM and its tokenizer."""
+    reward: str | None = None
+    """Scorer of each reply: digits, gold, sentiment, perplexity, perplexity:PATH, a reward
+    model directory, or module:function; None shows no reward."""
+    temperature: float = 0.7
+    """Sampling temperature (> 0)."""
+    top_p: float = 0.9
+    """Nucleus sampling: keep the most likely tokens up to this probability mass, in (0, 1]."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 keeps all."""
+    greedy: bool = False
+    """Always take the most likely token (temperature, top_p and top_k are then ignored)."""
+    max_new_tokens: int = 64
+    """The longest reply, in tokens."""
+    system: str | None = None
+    """A system message put first in the conversation."""
+    seed: int | None = None
+    """Seed of the sampler, for reproducible replies; None draws a fresh one."""
+
+    def __post_init__(self) -> None:
+        try:
+            self.sampling  # noqa: B018 (SamplingConfig checks the sampling fields)
+        except ValueError as error:
+            raise ConfigError(f"ChatConfig.{error}") from error
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            greedy=self.greedy,
+        )
+
+
+def run_chat(config: ChatConfig) -> None:
+    """Load the model (and the reward's scorer), then chat until /quit or end of input."""
+    # Tokenisation reports, one per turn, would interleave with the conversation.
+    logging.getLogger("rlhfkit.data").setLevel(logging.WARNING)
+    agent = LMAgent.from_pretrained(config.model, sampling=config.sampling, seed=config.seed)
+    scorer = None
+    if config.reward is not None:
+        scorer = parse_scorer(config.reward, tokenizer=agent.tokenizer, model=agent.model)
+        scorer.to(agent.device)
+    print(BANNER.format(model=config.model), flush=True)
+    chat_loop(agent, scorer, system=config.system)
+
+
+if __name__ == "__main__":
+    from rlhfkit.cli import main
+
+    sys.exit(main(["chat", *sys.argv[1:]]))

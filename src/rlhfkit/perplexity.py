@@ -1,0 +1,150 @@
+"""Perplexity of a response under a causal LM, and the reward built from it.
+
+For a prompt x and a response y = y_1 .. y_N (its EOS included when one was emitted)::
+
+    log perplexity(y | x) = -(1/N) * sum_t log p(y_t | x, y_<t)
+    reward               = -log perplexity = mean log-prob of the response tokens (<= 0)
+
+Only response tokens are scored (the prompt is context, not output), and each token's
+log-prob is read from the logits one position earlier: the logits at position t predict the
+token at t + 1 (``ops.logprobs.shifted_logprobs``). The reward is on the log scale because
+perplexity itself is unbounded (exp of a mean NLL) and a few rare tokens would dominate a batch.
+
+This is where the user's environment crashed with ``IndexError: Target 24844 is out of
+bounds``: ids were floats, the labels were not shifted against the logits, and the lengths did
+not match. Here every entry point checks, before any model or loss sees them, that ids are
+integers inside the vocabulary and that shapes agree, and raises a ``ValueError`` that names the
+tensor, the position and what was expected (``ops.logprobs.check_token_ids``).
+
+Padding: queries and responses may arrive padded on either side. Rows are re-laid out in the
+library's convention (query left-padded, response right-padded, ``data.pad``) so that the last
+real query token is always the one that predicts the first response token, and positions come
+from the attention mask; the value of a row therefore does not depend on its padding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlhfkit.data import pad
+from rlhfkit.ops.logprobs import check_token_ids, shifted_logprobs
+from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
+from rlhfkit.rewards import ScoreInput, Scorer
+
+
+def log_perplexity_from_logits(
+    logits: torch.Tensor, input_ids: torch.Tensor, target_mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean negative log-likelihood of the tokens of ``input_ids`` marked by ``target_mask``.
+
+    Args:
+        logits: (B, T, V) the model's output for ``input_ids`` (not shifted by the caller).
+        input_ids: (B, T) integer ids that were fed to the model.
+        target_mask: (B, T) nonzero for the tokens to score (the response tokens). Token 0
+            has no prediction, so it may not be a target.
+
+    Returns:
+        (B,) log perplexity per row; ``exp`` of it is the perplexity.
+    """
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
+    check_token_ids(input_ids, logits.shape[-1], "input_ids", logits=logits)
+    if target_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"target_mask has shape {tuple(target_mask.shape)}, input_ids {tuple(input_ids.shape)}"
+            ": they must match"
+        )
+    if bool((target_mask[:, 0] != 0).any()):
+        raise ValueError("target_mask marks token 0, which no logit predicts (it needs a context)")
+    empty = ((target_mask != 0).sum(dim=1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"rows {empty} have no target token to score")
+    logprobs = shifted_logprobs(logits, input_ids)  # (B, T - 1), logits[:, t] -> ids[:, t + 1]
+    return -masked_mean(logprobs, target_mask[:, 1:], dim=1)  # (B,)
+
+
+def _check_pair(ids: torch.Tensor, mask: torch.Tensor, name: str, vocab_size: int) -> None:
+    if ids.dim() != 2 or ids.shape != mask.shape:
+        raise ValueError(
+            f"{name} must be (B, T) with a {name}_mask of the same shape, got {tuple(ids.shape)}"
+            f" and {tuple(mask.shape)}"
+        )
+    # Only real tokens must be valid ids: padded positions may hold anything (-100, say).
+    zeros = torch.zeros((), dtype=ids.dtype, device=ids.device)
+    check_token_ids(torch.where(mask != 0, ids, zeros), vocab_size, name)
+
+
+def _relayout(ids: torch.Tensor, mask: torch.Tensor, side: str) -> tuple[torch.Tensor, ...]:
+    """Keep each row's real tokens and pad them on ``side`` (any id would do as pad: masked)."""
+    rows = [row[m != 0].tolist() for row, m in zip(ids, mask, strict=True)]
+    new_ids, new_mask = pad(rows, pad_id=0, side=side)  # (B, T')
+    return new_ids.to(ids.device), new_mask.to(ids.device)
+
+
+def response_log_perplexity(
+    model: nn.Module,
+    query: torch.Tensor,
+    query_mask: torch.Tensor,
+    response: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> torch.Tensor:
+    """log perplexity of each response given its query, under a causal LM.
+
+    Args:
+        model: a Hugging Face causal LM (takes ``logits_to_keep``). Its train/eval mode is
+            left alone; dropout in train mode makes the value noisy.
+        query: (B, Tq) prompt ids; query_mask (B, Tq) nonzero for real tokens.
+        response: (B, Tr) response ids; response_mask (B, Tr) nonzero for real tokens.
+
+    Returns:
+        (B,) log perplexity, differentiable if the model is.
+    """
+    vocab_size = model.get_input_embeddings().num_embeddings
+    _check_pair(query, query_mask, "query", vocab_size)
+    _check_pair(response, response_mask, "response", vocab_size)
+    if query.shape[0] != response.shape[0]:
+        raise ValueError(f"query has {query.shape[0]} rows but response has {response.shape[0]}")
+    no_context = ((query_mask != 0).sum(dim=1) == 0).nonzero().flatten().tolist()
+    if no_context:
+        raise ValueError(
+            f"rows {no_context} have an empty query: the first response token needs one"
+        )
+    query, query_mask = _relayout(query, query_mask, "left")  # (B, Tq')
+    response, response_mask = _relayout(response, response_mask, "right")  # (B, Tr')
+    input_ids = torch.cat([query, response], dim=1)  # (B, Tq' + Tr')
+    attention_mask = torch.cat([query_mask, response_mask], dim=1)  # (B, Tq' + Tr')
+    width = response.shape[1] + 1  # the last query position predicts the first response token
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        logits_to_keep=width,
+    ).logits  # (B, Tr' + 1, V)
+    scored = torch.cat([torch.zeros_like(query_mask[:, -1:]), response_mask], dim=1)
+    return log_perplexity_from_logits(logits, input_ids[:, -width:], scored)  # (B,)
+
+
+class PerplexityScorer(Scorer):
+    """Score = -log perplexity of the response given the prompt, under ``model``.
+
+    Use a frozen model (the SFT reference, say): the reward is then "how natural does the
+    reference find this text". Higher is better; 0 is the maximum (every token certain).
+    """
+
+    name = "neg_log_perplexity"
+
+    def __init__(self, model: nn.Module, name: str | None = None):
+        self.model = model
+        self.name = name or self.name
+
+    def to(self, device: torch.device | str) -> Scorer:
+        self.model.to(device)
+        return self
+
+    @torch.no_grad()
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        return -response_log_perplexity(
+            self.model, batch.query, batch.query_mask, batch.response, batch.response_mask
+        ).float()  # (B,)

@@ -1,0 +1,104 @@
+"""The terminal chat: the loop in-process, then the real `rlhfkit chat` through a pseudo-terminal."""
+
+import sys
+from pathlib import Path
+
+import pexpect
+import pytest
+from transformers import AutoModelForCausalLM
+
+from rlhfkit.chat import USER_PROMPT, ChatConfig, chat_loop
+from rlhfkit.config import ConfigError
+from rlhfkit.env import LMAgent, parse_scorer
+from rlhfkit.generation import SamplingConfig
+from rlhfkit.tasks import digits_score
+
+RLHFKIT = Path(sys.executable).with_name("rlhfkit")  # the console script of this environment
+
+
+@pytest.fixture(scope="module")
+def agent(tiny_model_dir, tiny_tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    return LMAgent(model, tiny_tokenizer, SamplingConfig(max_new_tokens=8), seed=0)
+
+
+def scripted(lines):
+    """A `read` that types ``lines`` in order, then signals end of input (Ctrl-D)."""
+    typed = iter(lines)
+
+    def read(prompt):
+        assert prompt == USER_PROMPT
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    return read
+
+
+def test_loop_keeps_history_resets_and_quits(agent):
+    shown = []
+    history = []
+    agent_generate = agent.generate
+    agent.generate = lambda messages: history.append(list(messages)) or "I have 2 cats."
+    try:
+        final = chat_loop(
+            agent,
+            parse_scorer("digits"),
+            system="Be brief.",
+            read=scripted(["hello", "", "and you?", "/reset", "again", "/quit", "unread"]),
+            write=shown.append,
+        )
+    finally:
+        agent.generate = agent_generate
+    assert shown == [
+        "bot> I have 2 cats.",
+        "[reward digits: 1.000]",
+        "bot> I have 2 cats.",
+        "[reward digits: 1.000]",
+        "(history cleared)",
+        "bot> I have 2 cats.",
+        "[reward digits: 1.000]",
+    ]
+    # The second turn sees the first exchange; after /reset only the system message remains.
+    assert [m["content"] for m in history[1]] == [
+        "Be brief.",
+        "hello",
+        "I have 2 cats.",
+        "and you?",
+    ]
+    assert [m["content"] for m in history[2]] == ["Be brief.", "again"]
+    assert final[-1] == {"role": "assistant", "content": "I have 2 cats."}
+
+
+def test_end_of_input_quits_cleanly(agent):
+    shown = []
+    final = chat_loop(agent, None, read=scripted(["hi"]), write=shown.append)
+    assert len(shown) == 2 and shown[0].startswith("bot> ") and shown[1] == ""
+    assert [m["role"] for m in final] == ["user", "assistant"]
+
+
+def test_config_names_a_bad_sampling_field():
+    with pytest.raises(ConfigError, match="ChatConfig.temperature=0.0: must be > 0"):
+        ChatConfig(model="m", temperature=0.0)
+
+
+def test_rlhfkit_chat_in_a_pseudo_terminal(tiny_model_dir):
+    command = f"{RLHFKIT} chat --model {tiny_model_dir} --reward digits --max_new_tokens 8 --seed 0"
+    child = pexpect.spawn(command, encoding="utf-8", timeout=120)
+    try:
+        child.expect("/quit")  # the banner
+        child.expect_exact(USER_PROMPT)
+        child.sendline("Tell me 3 numbers like 12 and 7")
+        child.expect(r"bot> (.*?)\r\n\[reward digits: (-?\d+\.\d+)\]\r\n")
+        reply, reward = child.match.group(1).replace("\r\n", "\n"), float(child.match.group(2))
+        assert reward == digits_score(reply)  # the reply's digits, not the prompt's
+        child.expect_exact(USER_PROMPT)
+        child.sendline("/reset")
+        child.expect_exact("(history cleared)")
+        child.expect_exact(USER_PROMPT)
+        child.sendline("/quit")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close()
+    assert child.exitstatus == 0, child.before
