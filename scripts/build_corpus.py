@@ -163,15 +163,25 @@ def main() -> None:
         train += [{"book": book, "text": p} for p in paras[:cut]]
         test += [{"book": book, "text": p} for p in paras[cut:]]
         words = sum(len(p.split()) for p in paras)
-        log.info("%-22s %5d paragraphs %7d words (test: last %d)", book, len(paras), words,
-                 len(paras) - cut)
+        log.info(
+            "%-22s %5d paragraphs %7d words (test: last %d)",
+            book,
+            len(paras),
+            words,
+            len(paras) - cut,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     write_jsonl_xz(args.out / "train.jsonl.xz", train)
     write_jsonl_xz(args.out / "test.jsonl.xz", test)
     words = vocabulary([p for paras in novels.values() for p in paras])
     (args.out / "words.txt.xz").write_bytes(lzma.compress("\n".join(words).encode() + b"\n"))
-    log.info("train %d, test %d paragraphs, %d distinct words -> %s",
-             len(train), len(test), len(words), args.out)
+    log.info(
+        "train %d, test %d paragraphs, %d distinct words -> %s",
+        len(train),
+        len(test),
+        len(words),
+        args.out,
+    )
 
 
 if __name__ == "__main__":

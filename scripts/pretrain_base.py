@@ -3,18 +3,22 @@
 Follows the GPT-2 recipe (Radford et al. 2019) at toy scale, nanoGPT-style: byte-level BPE,
 documents (paragraphs) joined by ``<|endoftext|>``, next-token cross-entropy on random
 windows of the token stream, AdamW (betas 0.9/0.95, weight decay 0.1 on matrices only),
-linear warmup then cosine decay to 10% of the peak rate. Departures: a 4096-token vocabulary
-trained on this corpus, a distinct ``<|pad|>`` token, and no dropout (the model is trained for
+a warmup-stable-decay learning rate. Departures: a 4096-token vocabulary trained on this
+corpus, a distinct ``<|pad|>`` token, and no dropout (the model is trained for
 few epochs, and RLHF wants train mode and eval mode to compute the same log-probs).
 
 The architecture is fixed (n_layer=4, n_head=4, n_embd=256, n_positions=256, vocab 4096,
 tied embeddings): it is also the benchmark workload of the PPO trainer.
 
-Usage (the command that built the bundled model is in ``assets/base/training_log.json``)::
+The defaults are the bundled model's run (2000 steps of 8 x 128 tokens, one CPU thread: on a
+busy 2-core machine a second thread mostly spins, using ~6x the CPU for the same step). It was
+run as 1650 steps of a longer plan, then resumed with these ``--steps``/``--decay-steps``; the
+warmup-stable-decay schedule makes that identical to one run. Log: ``base/training_log.json``.
+Usage::
 
-    python scripts/pretrain_base.py --bench 5            # time a few steps, fp32 vs bf16
-    python scripts/pretrain_base.py --steps 3000          # train, checkpointing to --work-dir
-    python scripts/pretrain_base.py --steps 3000 --resume # continue after a kill
+    python scripts/pretrain_base.py --bench 5   # time a few steps, fp32 vs bf16 autocast
+    python scripts/pretrain_base.py             # train, checkpointing to --work-dir
+    python scripts/pretrain_base.py --resume    # continue after a kill
 """
 
 from __future__ import annotations
@@ -39,6 +43,14 @@ log = logging.getLogger("pretrain_base")
 ASSETS = Path(__file__).resolve().parents[1] / "src" / "rlhfkit" / "assets"
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 VOCAB_SIZE = 4096
+# Openings of held-out paragraphs (corpus test split), continued in training_log.json
+SAMPLE_PROMPTS = [
+    "The smile was returned as",
+    "A very few lines from Edmund",
+    "Catherine took up her work directly,",
+    "He had remained in Shropshire,",
+    "They walked towards the Lucases,",
+]
 ARCH = dict(n_layer=4, n_head=4, n_embd=256, n_positions=256, vocab_size=VOCAB_SIZE)
 
 
@@ -81,10 +93,16 @@ def token_stream(tokenizer, texts: list[str]) -> torch.Tensor:
 
 
 def lr_at(step: int, args) -> float:
+    """Warmup-stable-decay (Hu et al. 2024, MiniCPM): linear warmup, constant, then a linear
+    decay to 10% over the last ``decay_steps``. Unlike cosine, the rate before the decay does
+    not depend on ``--steps``, so a run can be extended by resuming with a larger ``--steps``
+    and still equal a from-scratch run with that ``--steps``."""
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
-    progress = (step - args.warmup) / max(1, args.steps - args.warmup)
-    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+    into_decay = step - (args.steps - args.decay_steps)
+    if into_decay <= 0:
+        return args.lr
+    return args.lr * (1.0 - 0.9 * min(1.0, into_decay / args.decay_steps))
 
 
 def make_optimizer(model, args) -> torch.optim.AdamW:
@@ -139,11 +157,35 @@ def heldout_perplexity(model, stream: torch.Tensor, ctx: int, max_windows: int |
     return math.exp(total / count)
 
 
+@torch.no_grad()
+def sample_continuations(model, tokenizer, seed: int) -> list[str]:
+    """One seeded continuation (temperature 1, no filtering, 32 tokens) per SAMPLE_PROMPTS."""
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    texts = []
+    for prompt in SAMPLE_PROMPTS:
+        ids = torch.tensor([tokenizer(prompt)["input_ids"]])  # (1, Tq)
+        for _ in range(32):
+            logits = model(ids).logits[:, -1].float()  # (1, V)
+            token = torch.multinomial(logits.softmax(-1), 1, generator=gen)  # (1, 1)
+            if token.item() == tokenizer.eos_token_id:
+                break
+            ids = torch.cat([ids, token], dim=1)
+        texts.append(tokenizer.decode(ids[0]))
+    model.train()
+    return texts
+
+
 def save_checkpoint(path: Path, model, optimizer, gen, step: int, stats: dict) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
-        {"model": model.state_dict(), "optim": optimizer.state_dict(),
-         "gen": gen.get_state(), "step": step, "stats": stats},
+        {
+            "model": model.state_dict(),
+            "optim": optimizer.state_dict(),
+            "gen": gen.get_state(),
+            "step": step,
+            "stats": stats,
+        },
         tmp,
     )
     tmp.replace(path)  # atomic: a kill mid-save leaves the previous checkpoint intact
@@ -163,9 +205,16 @@ def export(model, tokenizer, out: Path, log_record: dict) -> None:
     cfg["dtype"] = "float32"
     cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     tokenizer.save_pretrained(tmp)
+    for path in tmp.iterdir():
+        path.chmod(0o644)  # safetensors writes 0600; installed copies must be world-readable
     GenerationConfig(
-        do_sample=True, top_k=0, top_p=1.0, temperature=1.0, max_new_tokens=48,
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        do_sample=True,
+        top_k=0,
+        top_p=1.0,
+        temperature=1.0,
+        max_new_tokens=48,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     ).save_pretrained(tmp)
     (tmp / "training_log.json").write_text(json.dumps(log_record, indent=2) + "\n")
@@ -185,8 +234,13 @@ def build(args):
     log.info("tokens: train %d, test %d", len(train), len(test))
     torch.manual_seed(args.seed)
     config = GPT2Config(
-        **ARCH, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
-        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        **ARCH,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     model = GPT2LMHeadModel(config)
@@ -228,24 +282,46 @@ def run(args, tokenizer, train, test, model) -> None:
         step += 1
         stats["wall_s"] = wall0 + time.perf_counter() - t0
         if step % args.log_every == 0:
-            log.info("step %d loss %.4f (ema %.4f) lr %.2e %.0fs",
-                     step, loss, ema, lr_at(step, args), stats["wall_s"])
+            log.info(
+                "step %d loss %.4f (ema %.4f) lr %.2e %.0fs",
+                step,
+                loss,
+                ema,
+                lr_at(step, args),
+                stats["wall_s"],
+            )
         if step % args.eval_every == 0 or step == args.steps:
             ppl = heldout_perplexity(model, test, args.ctx, 100, args)
-            stats["history"].append({"step": step, "train_loss_ema": ema, "heldout_ppl": ppl,
-                                     "wall_s": round(stats["wall_s"], 1)})
+            stats["history"].append(
+                {
+                    "step": step,
+                    "train_loss_ema": ema,
+                    "heldout_ppl": ppl,
+                    "wall_s": round(stats["wall_s"], 1),
+                }
+            )
             log.info("step %d held-out ppl (100 windows) %.2f", step, ppl)
+        if step % args.ckpt_every == 0:
             save_checkpoint(ckpt, model, optimizer, gen, step, stats)
     final_ppl = heldout_perplexity(model, test, args.ctx, None, args)
     record = {
         "command": "python " + " ".join(sys.argv),
-        "steps": step, "batch": args.batch, "context": args.ctx,
-        "tokens_seen": step * args.batch * args.ctx, "train_tokens": len(train),
-        "test_tokens": len(test), "epochs": round(step * args.batch * args.ctx / len(train), 2),
+        "steps": step,
+        "batch": args.batch,
+        "context": args.ctx,
+        "tokens_seen": step * args.batch * args.ctx,
+        "train_tokens": len(train),
+        "test_tokens": len(test),
+        "epochs": round(step * args.batch * args.ctx / len(train), 2),
         "params": sum(p.numel() for p in model.parameters()),
-        "wall_time_s": round(stats["wall_s"], 1), "final_train_loss_ema": round(ema, 4),
-        "heldout_perplexity": round(final_ppl, 3), "bf16_autocast": args.bf16,
-        "threads": torch.get_num_threads(), "seed": args.seed, "history": stats["history"],
+        "wall_time_s": round(stats["wall_s"], 1),
+        "final_train_loss_ema": round(ema, 4),
+        "heldout_perplexity": round(final_ppl, 3),
+        "bf16_autocast": args.bf16,
+        "threads": torch.get_num_threads(),
+        "seed": args.seed,
+        "history": stats["history"],
+        "samples": sample_continuations(model, tokenizer, args.seed),
     }
     log.info("final held-out perplexity %.3f", final_ppl)
     export(model, tokenizer, args.out, record)
@@ -253,16 +329,18 @@ def run(args, tokenizer, train, test, model) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--ctx", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--decay-steps", type=int, default=350)
+    p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on CPU")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="1 wastes least CPU on a shared machine")
     p.add_argument("--log-every", type=int, default=25)
-    p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--bench", type=int, default=0, help="only time this many steps each way")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/rlhfkit_pretrain"))
