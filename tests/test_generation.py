@@ -21,7 +21,9 @@ class ScriptedLM(torch.nn.Module):
         self.script = torch.tensor(script)
         self.calls = 0
 
-    def forward(self, input_ids, attention_mask, position_ids, use_cache, past_key_values=None, **kw):
+    def forward(
+        self, input_ids, attention_mask, position_ids, use_cache, past_key_values=None, **kw
+    ):
         step = self.calls
         self.calls += 1
         logits = torch.zeros(input_ids.shape[0], 1, VOCAB)
@@ -38,7 +40,11 @@ def test_stops_at_eos_pads_after_and_masks_up_to_eos():
     script = [[2, EOS, 3, 4, 5, 6], [2, 3, 4, EOS, 5, 6], [EOS, 2, 2, 2, 2, 2]]
     model = ScriptedLM(script)
     out = generate(
-        model, *_query(), SamplingConfig(max_new_tokens=6, greedy=True), eos_token_id=EOS, pad_token_id=PAD
+        model,
+        *_query(),
+        SamplingConfig(max_new_tokens=6, greedy=True),
+        eos_token_id=EOS,
+        pad_token_id=PAD,
     )
     assert out.response.tolist() == [[2, EOS, PAD, PAD], [2, 3, 4, EOS], [EOS, PAD, PAD, PAD]]
     assert out.response_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
@@ -52,7 +58,11 @@ def test_rows_without_eos_run_to_max_new_tokens():
     script = [[2, 3, 4, 5], [EOS, 2, 2, 2]]
     model = ScriptedLM(script)
     out = generate(
-        model, *_query(2), SamplingConfig(max_new_tokens=4, greedy=True), eos_token_id=EOS, pad_token_id=PAD
+        model,
+        *_query(2),
+        SamplingConfig(max_new_tokens=4, greedy=True),
+        eos_token_id=EOS,
+        pad_token_id=PAD,
     )
     assert out.response.tolist() == [[2, 3, 4, 5], [EOS, PAD, PAD, PAD]]
     assert out.response_mask.tolist() == [[1, 1, 1, 1], [1, 0, 0, 0]]
@@ -63,7 +73,11 @@ def test_rows_without_eos_run_to_max_new_tokens():
 def test_pad_token_is_never_sampled():
     model = ScriptedLM([[PAD, PAD, 3]])  # the model prefers pad, then token 4
     out = generate(
-        model, *_query(1), SamplingConfig(max_new_tokens=3, greedy=True), eos_token_id=EOS, pad_token_id=PAD
+        model,
+        *_query(1),
+        SamplingConfig(max_new_tokens=3, greedy=True),
+        eos_token_id=EOS,
+        pad_token_id=PAD,
     )
     assert out.response.tolist() == [[4, 4, 3]]
     assert out.response_mask.tolist() == [[1, 1, 1]]
@@ -73,7 +87,9 @@ def test_pad_token_is_never_sampled():
 def decisive_model():
     """A tiny GPT-2 with large init, so greedy arg-maxes are far from ties."""
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50, initializer_range=0.3)
+    config = GPT2Config(
+        n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=50, initializer_range=0.3
+    )
     return GPT2LMHeadModel(config).eval()
 
 
@@ -81,7 +97,9 @@ def test_left_padding_gives_the_same_greedy_continuation_as_no_padding(decisive_
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15]]
     config = SamplingConfig(max_new_tokens=8, greedy=True)
     query, query_mask = pad(prompts, PAD, side="left")
-    batched = generate(decisive_model, query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD)
+    batched = generate(
+        decisive_model, query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD
+    )
     for i, prompt in enumerate(prompts):
         alone = generate(
             decisive_model,
@@ -100,12 +118,19 @@ def test_cached_greedy_matches_full_recompute(decisive_model):
     """The KV-cache loop equals re-running the whole sequence for every token."""
     query, query_mask = pad([[5, 6, 7], [8, 9]], PAD, side="left")
     out = generate(
-        decisive_model, query, query_mask, SamplingConfig(max_new_tokens=6, greedy=True), eos_token_id=EOS, pad_token_id=PAD
+        decisive_model,
+        query,
+        query_mask,
+        SamplingConfig(max_new_tokens=6, greedy=True),
+        eos_token_id=EOS,
+        pad_token_id=PAD,
     )
     ids, mask = query, query_mask
     for t in range(out.response.shape[1]):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = decisive_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+        logits = decisive_model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[
+            :, -1
+        ]
         logits[:, PAD] = float("-inf")
         expected = logits.argmax(-1)
         real = out.response_mask[:, t].bool()
@@ -120,7 +145,15 @@ def test_sampling_is_reproducible_with_a_seeded_generator(decisive_model):
 
     def run(seed):
         g = torch.Generator().manual_seed(seed)
-        return generate(decisive_model, query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD, generator=g).response
+        return generate(
+            decisive_model,
+            query,
+            query_mask,
+            config,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+            generator=g,
+        ).response
 
     assert torch.equal(run(1), run(1))
     assert not torch.equal(run(1), run(2))
@@ -161,4 +194,19 @@ def test_sampling_config_names_the_bad_field(field, value):
 
 def test_eos_equal_to_pad_is_rejected():
     with pytest.raises(ValueError, match="must differ"):
-        generate(ScriptedLM([[2]]), *_query(1), SamplingConfig(max_new_tokens=1), eos_token_id=3, pad_token_id=3)
+        generate(
+            ScriptedLM([[2]]),
+            *_query(1),
+            SamplingConfig(max_new_tokens=1),
+            eos_token_id=3,
+            pad_token_id=3,
+        )
+
+
+def test_sampling_follows_the_distribution():
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2])
+    logits = probs.log().expand(20000, 4)
+    g = torch.Generator().manual_seed(0)
+    counts = torch.bincount(sample_next_token(logits, SamplingConfig(), g), minlength=4)
+    assert counts[1] == 0  # zero probability is never drawn
+    assert torch.allclose(counts / 20000, probs, atol=0.015)

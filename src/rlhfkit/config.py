@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-ASSETS = "src/rlhfkit/assets"
+# The bundled default (rlhfkit/assets), found from the package so any working directory works.
+ASSETS = str(Path(__file__).resolve().parent / "assets")
 DEMO_DATA = f"{ASSETS}/data/demo"
 
 C = TypeVar("C", bound="TrainConfig")
@@ -167,9 +168,9 @@ class SFTConfig(TrainConfig):
     """Directory for checkpoints, metrics, TensorBoard events and the final model (`final/`)."""
     learning_rate: float = 1e-4
     """Peak learning rate of AdamW (reached after warmup)."""
-    train_data: str = f"{DEMO_DATA}/sft_train.jsonl"
+    train_data: str = f"{DEMO_DATA}/sft"
     """Demonstrations to train on: .jsonl/.json/.parquet file, dataset directory or hub name."""
-    eval_data: str | None = f"{DEMO_DATA}/sft_test.jsonl"
+    eval_data: str | None = f"{DEMO_DATA}/sft"
     """Held-out demonstrations for response NLL and perplexity; None skips evaluation."""
     train_split: str = "train"
     """Split to read from `train_data` when it is a dataset with splits."""
@@ -181,6 +182,8 @@ class SFTConfig(TrainConfig):
     """Use only the first this many training examples; None uses all."""
     max_eval_samples: int | None = None
     """Use only the first this many evaluation examples; None uses all."""
+    columns: dict[str, str] | None = None
+    """Map our field names to the data's column names, e.g. {"response": "completion"}."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -193,9 +196,9 @@ class RewardConfig(TrainConfig):
 
     output_dir: str = "runs/rm"
     """Directory for checkpoints, metrics, TensorBoard events and the final model (`final/`)."""
-    train_data: str = f"{DEMO_DATA}/comparisons_train.jsonl"
+    train_data: str = f"{DEMO_DATA}/comparisons"
     """Comparisons (prompt/chosen/rejected) or rankings (prompt/responses/ranking) to train on."""
-    eval_data: str | None = f"{DEMO_DATA}/comparisons_test.jsonl"
+    eval_data: str | None = f"{DEMO_DATA}/comparisons"
     """Held-out comparisons for pairwise (and ranking) accuracy; None skips evaluation."""
     train_split: str = "train"
     """Split to read from `train_data` when it is a dataset with splits."""
@@ -207,6 +210,8 @@ class RewardConfig(TrainConfig):
     """Use only the first this many training records; None uses all."""
     max_eval_samples: int | None = None
     """Use only the first this many evaluation records; None uses all."""
+    columns: dict[str, str] | None = None
+    """Map our field names to the data's column names, e.g. {"chosen": "preferred"}."""
     loss: Literal["logsigmoid", "logexp"] = "logsigmoid"
     """Pairwise loss: -log sigmoid(r_chosen - r_rejected [- margin]) or log(1 + exp(r_rej - r_ch))."""
     margin: float | None = None
@@ -252,3 +257,200 @@ def load_config(
     namespace = config_parser(cls).parse_args(argv)
     config = config_from_namespace(cls, namespace)
     return dataclasses.replace(config, **overrides) if overrides else config
+
+
+def _check_lora_fields(cfg: TrainConfig) -> None:
+    _require(cfg, "lora_r", cfg.lora_r >= 1, "an integer >= 1")
+    _require(cfg, "lora_alpha", cfg.lora_alpha > 0, "a number > 0")
+    _require(cfg, "lora_dropout", 0 <= cfg.lora_dropout < 1, "a number in [0, 1)")
+
+
+@dataclass
+class DPOConfig(TrainConfig):
+    """Direct preference optimisation (Rafailov et al. 2023) and its IPO / conservative variants."""
+
+    output_dir: str = "runs/dpo"
+    """Directory for checkpoints, metrics, TensorBoard events and the final model (`final/`)."""
+    train_data: str = f"{DEMO_DATA}/comparisons"
+    """Comparisons (prompt/chosen/rejected) or rankings (expanded into all pairs) to train on."""
+    eval_data: str | None = f"{DEMO_DATA}/comparisons"
+    """Held-out comparisons for preference accuracy and implicit-reward margin; None skips."""
+    train_split: str = "train"
+    """Split to read from `train_data` when it is a dataset with splits."""
+    eval_split: str = "test"
+    """Split to read from `eval_data` when it is a dataset with splits."""
+    max_length: int = 256
+    """Maximum tokens of prompt + response; longer examples are truncated (and counted)."""
+    max_train_samples: int | None = None
+    """Use only the first this many training records; None uses all."""
+    max_eval_samples: int | None = None
+    """Use only the first this many evaluation records; None uses all."""
+    beta: float = 0.1
+    """Inverse temperature of the implicit reward beta * log(pi / ref) (IPO's tau)."""
+    loss_type: Literal["sigmoid", "ipo", "conservative"] = "sigmoid"
+    """'sigmoid' = DPO; 'ipo' = IPO (per-token mean log-probs); 'conservative' = cDPO."""
+    label_smoothing: float = 0.0
+    """cDPO's probability that a label is flipped, in (0, 0.5); only for loss_type='conservative'."""
+    reference: str | None = None
+    """Reference model name or directory; None uses the starting model `model` itself."""
+    precompute_reference: bool = True
+    """Compute reference log-probs once over the data before training and free the reference
+    model (saves its memory and a forward per step); False runs the reference every step."""
+    disable_dropout: bool = True
+    """Set every dropout to 0 in policy and reference (as TRL's DPO does): with dropout the
+    implicit rewards are noisy and step 1 would not start at the reference."""
+    lora: bool = False
+    """Train LoRA adapters only; the reference is then the same model with the adapter disabled."""
+    lora_r: int = 8
+    """LoRA rank."""
+    lora_alpha: float = 16
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    lora_target_modules: list[str] | None = None
+    """Module names to adapt; None uses peft's default for the architecture (GPT-2: c_attn)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_data_fields(self)
+        _check_lora_fields(self)
+        _require(self, "beta", 0 < self.beta < math.inf, "a number > 0")
+        if self.loss_type == "conservative":
+            ok, allowed = 0 < self.label_smoothing < 0.5, "a number in (0, 0.5) for cDPO"
+        else:
+            ok, allowed = self.label_smoothing == 0, "0 unless loss_type='conservative'"
+        _require(self, "label_smoothing", ok, allowed)
+        _require(
+            self,
+            "reference",
+            not (self.lora and self.reference),
+            "None with lora=True (the reference is the model with its adapter disabled)",
+        )
+
+
+@dataclass
+class GRPOConfig(TrainConfig):
+    """Critic-free RL with group baselines: GRPO (Shao et al. 2024) or RLOO (Ahmadian et al.
+    2024). One optimiser step per sampled batch: `batch_size` prompts per micro-batch, each
+    answered `num_generations` times."""
+
+    model: str = "runs/sft/final"
+    """Policy to start from (the SFT model); also the frozen reference of the KL term."""
+    output_dir: str = "runs/grpo"
+    """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
+    learning_rate: float = 1e-5
+    """Peak learning rate of AdamW (reached after warmup)."""
+    lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    """Learning-rate decay after warmup: linear to 0, cosine to 0, or constant."""
+    log_every: int = 1
+    """Log training metrics every this many optimiser steps."""
+    train_data: str = f"{DEMO_DATA}/prompts"
+    """Prompts (any record kind with a prompt): .jsonl/.json/.parquet, dataset dir or hub name."""
+    train_split: str = "train"
+    """Split to read from `train_data` when it is a dataset with splits."""
+    eval_data: str | None = f"{DEMO_DATA}/prompts"
+    """Held-out prompts: one sampled response each (fixed seed) is scored at evaluation."""
+    eval_split: str = "test"
+    """Split to read from `eval_data` when it is a dataset with splits."""
+    max_train_samples: int | None = None
+    """Use only the first this many training prompts; None uses all."""
+    max_eval_samples: int | None = 64
+    """Use only the first this many evaluation prompts; None uses all."""
+    max_prompt_length: int = 128
+    """Prompts longer than this many tokens keep their last tokens."""
+    advantage: Literal["grpo", "rloo"] = "grpo"
+    """Group baseline: 'grpo' = (score - group mean) [/ group std]; 'rloo' = leave-one-out."""
+    scale_rewards: bool = True
+    """GRPO only: divide by the group std (False = Dr. GRPO, centring only)."""
+    num_generations: int = 4
+    """Responses sampled per prompt (the group size k, >= 2)."""
+    max_new_tokens: int = 32
+    """Most tokens per response."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are computed at the same temperature."""
+    top_k: int = 0
+    """Top-k filtering while sampling (0 = off; the log-probs ignore it)."""
+    top_p: float = 1.0
+    """Nucleus filtering while sampling (1 = off; the log-probs ignore it)."""
+    beta: float = 0.04
+    """Weight of the k3 KL(pi || ref) term in the loss; 0 drops it and the reference model."""
+    clip_range: float = 0.2
+    """Policy ratio clip range epsilon of the clipped objective."""
+    reference: str | None = None
+    """Reference model name or directory; None uses the starting model `model`."""
+    reward_model: str | None = None
+    """Reward model directory (from `rlhfkit rm`); None if only reward functions score."""
+    reward_functions: list[str] = dataclasses.field(default_factory=list)
+    """Python scorers `module:function`, each `f(prompts, responses) -> list[float]`."""
+    reward_weights: list[float] | None = None
+    """Weights of [reward_model, *reward_functions] in the total score; None = all 1."""
+    missing_eos_penalty: float | None = None
+    """Subtract this from the score of responses that hit max_new_tokens without EOS."""
+    disable_dropout: bool = True
+    """Turn dropout off, so sampling and the update see the same policy (ratio exactly 1)."""
+    lora: bool = False
+    """Train LoRA adapters only; the reference is then the policy with the adapter disabled."""
+    lora_r: int = 8
+    """LoRA rank."""
+    lora_alpha: float = 16
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    lora_target_modules: list[str] | None = None
+    """Module names to adapt; None uses peft's default for the architecture (GPT-2: c_attn)."""
+    sample_every: int = 10
+    """Log sample texts (prompt, response, score, advantage) every this many steps."""
+    num_samples: int = 4
+    """Samples logged each time."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_lora_fields(self)
+        _require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
+        for name in ("max_prompt_length", "max_new_tokens", "sample_every", "num_samples"):
+            _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            _require(self, name, value is None or value >= 1, "None or an integer >= 1")
+        _require(self, "num_generations", self.num_generations >= 2, "an integer >= 2")
+        _require(self, "temperature", 0 < self.temperature < math.inf, "a number > 0")
+        _require(self, "top_k", self.top_k >= 0, "an integer >= 0 (0 = off)")
+        _require(self, "top_p", 0 < self.top_p <= 1, "a number in (0, 1]")
+        _require(self, "beta", 0 <= self.beta < math.inf, "a number >= 0")
+        _require(self, "clip_range", 0 < self.clip_range < math.inf, "a number > 0")
+        penalty = self.missing_eos_penalty
+        _require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
+        _require(
+            self,
+            "reward_model",
+            self.reward_model is not None or bool(self.reward_functions),
+            "a directory, unless reward_functions are given",
+        )
+        n_scorers = (self.reward_model is not None) + len(self.reward_functions)
+        _require(
+            self,
+            "reward_weights",
+            self.reward_weights is None or len(self.reward_weights) == n_scorers,
+            f"None or {n_scorers} numbers (one per scorer: reward_model, *reward_functions)",
+        )
+        _require(
+            self,
+            "reference",
+            not (self.lora and self.reference),
+            "None with lora=True (the reference is the model with its adapter disabled)",
+        )
+
+    @property
+    def rollout_size(self) -> int:
+        """Responses sampled per micro-batch: batch_size prompts x num_generations."""
+        return self.batch_size * self.num_generations
+
+
+@dataclass
+class RLOOConfig(GRPOConfig):
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): `GRPOConfig` with the RLOO baseline."""
+
+    output_dir: str = "runs/rloo"
+    """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
+    advantage: Literal["grpo", "rloo"] = "rloo"
+    """Group baseline: 'grpo' = (score - group mean) [/ group std]; 'rloo' = leave-one-out."""

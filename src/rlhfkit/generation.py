@@ -87,12 +87,21 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 def sample_next_token(
     logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Pick one token per row from next-token ``logits`` (B, V) -> (B,) long."""
+    """Pick one token per row from next-token ``logits`` (B, V) -> (B,) long.
+
+    Sampling inverts the cumulative distribution with one uniform draw per row, instead of
+    ``torch.multinomial``'s one exponential draw per vocabulary entry (B x V random numbers,
+    a visible share of a CPU rollout). The CDF is float64 so that a draw can only land on a
+    token of zero probability (filtered, or the suppressed pad) with probability ~1e-16.
+    """
     if config.greedy:
         return logits.argmax(-1)
     logits = filter_logits(logits.float() / config.temperature, config.top_k, config.top_p)
-    probs = logits.softmax(-1)  # (B, V)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    cdf = logits.softmax(-1).double().cumsum(-1)  # (B, V)
+    draw = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device, dtype=cdf.dtype)
+    # right=True: the first token whose CDF exceeds the draw, skipping zero-width tokens.
+    token = torch.searchsorted(cdf, draw * cdf[:, -1:], right=True)  # (B, 1)
+    return token.squeeze(-1).clamp_(max=cdf.shape[-1] - 1)
 
 
 @torch.no_grad()
@@ -127,7 +136,9 @@ def generate(
         raise ValueError(f"eos_token_id and pad_token_id are both {eos_token_id}: must differ")
     batch, prompt_len = query.shape
     # One mask for the whole run; step t attends to the first prompt_len + t columns.
-    mask = torch.ones(batch, prompt_len + config.max_new_tokens, dtype=torch.long, device=query.device)
+    mask = torch.ones(
+        batch, prompt_len + config.max_new_tokens, dtype=torch.long, device=query.device
+    )
     mask[:, :prompt_len] = query_mask
     positions = position_ids_from_mask(mask[:, :prompt_len])  # (B, Tq)
     out = model(

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -45,7 +46,9 @@ class ScoreInput:
     response_mask: torch.Tensor  # (B, Tr) 1 up to and including EOS
 
     def describe(self, index: int) -> str:
-        return f"sample {index} (prompt={self.prompts[index]!r}, response={self.responses[index]!r})"
+        return (
+            f"sample {index} (prompt={self.prompts[index]!r}, response={self.responses[index]!r})"
+        )
 
 
 class Scorer(ABC):
@@ -56,6 +59,10 @@ class Scorer(ABC):
     @abstractmethod
     def score(self, batch: ScoreInput) -> torch.Tensor:
         """(B,) scores for ``batch``."""
+
+    def to(self, device: torch.device | str) -> Scorer:
+        """Move any model the scorer holds to ``device`` (nothing for Python functions)."""
+        return self
 
     def __call__(self, batch: ScoreInput) -> torch.Tensor:
         scores = self.score(batch)
@@ -76,7 +83,9 @@ class Scorer(ABC):
 class FunctionScorer(Scorer):
     """Wraps ``fn(prompts: list[str], responses: list[str]) -> list[float]`` (or a tensor)."""
 
-    def __init__(self, fn: Callable[[list[str], list[str]], Sequence[float]], name: str | None = None):
+    def __init__(
+        self, fn: Callable[[list[str], list[str]], Sequence[float]], name: str | None = None
+    ):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
 
@@ -119,6 +128,10 @@ class RewardModelScorer(Scorer):
         self.model = model
         self.name = name
 
+    def to(self, device: torch.device | str) -> Scorer:
+        self.model.to(device)
+        return self
+
     @torch.no_grad()
     def score(self, batch: ScoreInput) -> torch.Tensor:
         sequence = torch.cat([batch.query, batch.response], dim=1)  # (B, Tq + Tr)
@@ -135,6 +148,11 @@ class WeightedScorer(Scorer):
         self.parts = [(as_scorer(scorer), float(weight)) for scorer, weight in parts]
         self.name = " + ".join(f"{w:g}*{s.name}" for s, w in self.parts)
 
+    def to(self, device: torch.device | str) -> Scorer:
+        for scorer, _ in self.parts:
+            scorer.to(device)
+        return self
+
     def score(self, batch: ScoreInput) -> torch.Tensor:
         return sum(weight * scorer(batch) for scorer, weight in self.parts)
 
@@ -149,6 +167,40 @@ def as_scorer(source: Scorer | torch.nn.Module | Callable) -> Scorer:
     if callable(source):
         return FunctionScorer(source)
     raise TypeError(f"cannot score with {type(source).__name__}: need a Scorer, model or callable")
+
+
+def load_function(path: str) -> Callable:
+    """Import ``"package.module:function"`` (the form reward functions take in configs)."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"reward function {path!r}: expected 'module:function'")
+    function = getattr(importlib.import_module(module_name), attribute, None)
+    if not callable(function):
+        raise ValueError(f"reward function {path!r}: {module_name} has no callable {attribute!r}")
+    return function
+
+
+def build_scorer(
+    reward_model: str | None,
+    reward_functions: Sequence[str] = (),
+    weights: Sequence[float] | None = None,
+) -> Scorer:
+    """A frozen reward model (a directory from ``rlhfkit reward``) and/or reward functions
+    (``"module:function"``), summed with ``weights`` (in that order; None = all 1)."""
+    from rlhfkit.models import RewardModel, freeze
+
+    parts: list[Scorer] = []
+    if reward_model is not None:
+        parts.append(RewardModelScorer(freeze(RewardModel.from_pretrained(reward_model))))
+    parts += [FunctionScorer(load_function(path), name=path) for path in reward_functions]
+    if not parts:
+        raise ValueError("build_scorer needs a reward model or at least one reward function")
+    weights = list(weights) if weights is not None else [1.0] * len(parts)
+    if len(weights) != len(parts):
+        raise ValueError(f"{len(weights)} weights for {len(parts)} scorers")
+    if len(parts) == 1 and weights[0] == 1.0:
+        return parts[0]
+    return WeightedScorer(list(zip(parts, weights, strict=True)))
 
 
 # --------------------------------------------------------------------------- score processing
@@ -182,7 +234,11 @@ class RunningMoments:
         return {"count": self.count, "mean": self.mean, "m2": self.m2}
 
     def load_state_dict(self, state: dict) -> None:
-        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+        self.count, self.mean, self.m2 = (
+            int(state["count"]),
+            float(state["mean"]),
+            float(state["m2"]),
+        )
 
 
 @dataclass

@@ -119,7 +119,9 @@ class Tracker:
             self._bar.set_postfix(shown, refresh=False)
         logger.debug("step %d: %s", step, values)
 
-    def log_samples(self, rows: Sequence[Mapping[str, Any]], step: int, tag: str = "samples") -> None:
+    def log_samples(
+        self, rows: Sequence[Mapping[str, Any]], step: int, tag: str = "samples"
+    ) -> None:
         """Record text samples (e.g. prompt, response, score) at `step`.
 
         Each row is one JSON object in `samples.jsonl` (with `step` and `tag`); TensorBoard gets
@@ -143,7 +145,7 @@ class Tracker:
         keys = list(keys)
         rows = read_jsonl(self.metrics_path)
         fig, axes = plt.subplots(len(keys), 1, figsize=(6, 2.5 * len(keys)), squeeze=False)
-        for ax, key in zip(axes[:, 0], keys):
+        for ax, key in zip(axes[:, 0], keys, strict=True):
             points = [(r["step"], r[key]) for r in rows if key in r and math.isfinite(r[key])]
             if not points:
                 logger.warning("plot: no values logged for %r in %s", key, self.metrics_path)

@@ -82,10 +82,11 @@ def load_state(path: str | Path, device: str | torch.device = "cpu") -> Any:
 def rng_state() -> dict[str, Any]:
     """The states of python's, numpy's and torch's (CPU and CUDA) global generators."""
     version, mt, gauss = random.getstate()
-    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    numpy_state = list(np.random.get_state())  # (kind, uint32 keys, pos, has_gauss, gauss)
+    numpy_state[1] = torch.from_numpy(numpy_state[1].astype(np.int64))  # exact in int64
     state = {
         "python": [version, torch.tensor(mt, dtype=torch.int64), gauss],
-        "numpy": [np_kind, torch.from_numpy(np_keys.astype(np.int64)), np_pos, np_has_gauss, np_gauss],
+        "numpy": numpy_state,
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -97,8 +98,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     """Restore the generators from `rng_state()` output (also after a save/load round trip)."""
     version, mt, gauss = state["python"]
     random.setstate((version, tuple(int(x) for x in mt.tolist()), gauss))
-    np_kind, np_keys, np_pos, np_has_gauss, np_gauss = state["numpy"]
-    np.random.set_state((np_kind, np_keys.numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss))
+    numpy_state = list(state["numpy"])
+    numpy_state[1] = numpy_state[1].numpy().astype(np.uint32)
+    np.random.set_state(tuple(numpy_state))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

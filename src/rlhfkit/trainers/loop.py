@@ -25,19 +25,20 @@ writes `final/` (model + tokenizer + `trainer_state.json` with `"complete": true
 `resume=True` a complete run is skipped. Evaluation runs with the random streams saved and
 restored around it, so `eval_every` never changes the training trajectory.
 
-Departures from the HF Trainer: the loss of each micro-batch is that micro-batch's own mean,
-divided by the number of accumulated micro-batches (no re-weighting by token counts across
-micro-batches); fp16 with loss scaling and sharded optimisers (FSDP, DeepSpeed) are not
-supported.
+Departures from the HF Trainer: each micro-batch's loss is its own mean, divided by the number
+of accumulated micro-batches (no re-weighting by token counts across micro-batches); no fp16
+loss scaling and no sharded optimisers (FSDP, DeepSpeed).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -81,9 +82,13 @@ def _scalar(value: Any) -> float:
     return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
 
 
+@functools.lru_cache(maxsize=8)
 def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
-    """The permutation of example indices for `epoch`; a function of `(seed, epoch)` only."""
-    return np.random.default_rng([seed, epoch]).permutation(num_examples)
+    """The permutation of example indices for `epoch`; a function of `(seed, epoch)` only.
+    Cached (one call per micro-batch) and read-only, since callers share the array."""
+    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    order.flags.writeable = False
+    return order
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
@@ -142,11 +147,8 @@ class Trainer:
             raise ValueError("train_data is empty: nothing to train on")
         self.config = config
         self.accelerator = accelerator or Accelerator(
-            cpu=config.cpu,
-            mixed_precision=config.mixed_precision,
-            gradient_accumulation_steps=config.gradient_accumulation_steps,
+            cpu=config.cpu, mixed_precision=config.mixed_precision
         )
-        set_seed(config.seed)
         self.train_data = train_data
         self.collate_fn = collate_fn
         self.tokenizer = tokenizer
@@ -194,6 +196,18 @@ class Trainer:
         examples = [self.train_data[int(i)] for i in order[start : start + size]]
         return send_to_device(self.collate_fn(examples), self.accelerator.device)
 
+    def eval_batches(
+        self, examples: Sequence[Any], collate_fn: Callable[[list[Any]], Batch]
+    ) -> Iterator[Batch]:
+        """`examples` in order, `eval_batch_size` at a time, collated and on the device.
+
+        Every process evaluates all of them: simple and exact, at the cost of duplicated work.
+        """
+        size = self.config.eval_batch_size
+        for start in range(0, len(examples), size):
+            batch = collate_fn(list(examples[start : start + size]))
+            yield send_to_device(batch, self.accelerator.device)
+
     # ----------------------------------------------------------------- the loop
     def train(self, stop_after: int | None = None) -> TrainerState:
         """Train to `total_steps` (resuming if configured), then evaluate and save `final/`.
@@ -216,7 +230,8 @@ class Trainer:
         try:
             self._run_steps(target)
             if self.state.step < self.state.total_steps:
-                self.save_checkpoint()
+                if self._saved_at != self.state.step:
+                    self.save_checkpoint()
                 return self.state
             self._finish()
         finally:
@@ -228,11 +243,12 @@ class Trainer:
         if self.config.resume:
             if ckpt.is_complete(self.output_dir):
                 logger.info("%s holds a finished run; skipping", self.output_dir)
-                self.state.complete = True
+                self._restore_state(ckpt.read_json(self.config.final_dir / ckpt.STATE_FILE))
                 return True
             latest = ckpt.latest_checkpoint(self.output_dir)
             if latest is not None:
-                self.load_checkpoint(latest)
+                self.load_checkpoint(latest)  # restores the random streams too
+                return False
         elif self.accelerator.is_main_process:
             for old in [*ckpt.checkpoint_dirs(self.output_dir), self.output_dir / "final"]:
                 logger.warning("resume=False: deleting %s", old)
@@ -241,6 +257,9 @@ class Trainer:
         if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_json(self.config.to_dict(), self.output_dir / "train_config.json")
+        # Seeded here, not at construction: the run then depends only on its config, whatever
+        # ran in this process between building the trainer and training it.
+        set_seed(self.config.seed)
         return False
 
     def _run_steps(self, target: int) -> None:
@@ -270,13 +289,16 @@ class Trainer:
         micro-batch-averaged metrics plus `grad_norm` and `lr`."""
         accumulation = self.config.gradient_accumulation_steps
         totals: dict[str, float] = {}
-        for _ in range(accumulation):
+        for index in range(accumulation):
             batch = self._next_batch()
-            # accumulate(): no gradient all-reduce until the last micro-batch; backward()
-            # divides the loss by the number of micro-batches.
-            with self.accelerator.accumulate(self.model), self.accelerator.autocast():
+            # No gradient all-reduce until the last micro-batch. The division is done here, not
+            # by Accelerator(gradient_accumulation_steps=...): that setting is process-global
+            # state shared by every Accelerator, so two trainers would overwrite each other's.
+            last = index == accumulation - 1
+            sync = nullcontext() if last else self.accelerator.no_sync(self.model)
+            with sync, self.accelerator.autocast():
                 loss, metrics = self.compute_loss(batch)
-                self.accelerator.backward(loss)
+                self.accelerator.backward(loss / accumulation)
             for key, value in {"loss": loss, **metrics}.items():
                 totals[key] = totals.get(key, 0.0) + _scalar(value) / accumulation
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -294,14 +316,14 @@ class Trainer:
         keys = sorted(sums)
         means = torch.tensor([sums[k] / count for k in keys], device=self.accelerator.device)
         means = self.accelerator.reduce(means, reduction="mean")
-        metrics = {f"train/{k}": v for k, v in zip(keys, means.tolist())}
+        metrics = {f"train/{k}": v for k, v in zip(keys, means.tolist(), strict=True)}
         metrics["train/epoch"] = self.state.epoch + self.state.batch_index / self.batches_per_epoch
         self.tracker.log(metrics, self.state.step)
 
     def run_evaluation(self) -> dict[str, float]:
         """`evaluate()` in eval mode, without gradients or RNG side effects; logs `eval/*`."""
         self.model.eval()
-        with ckpt.preserved_rng(), torch.no_grad():
+        with ckpt.preserved_rng(), torch.no_grad(), self.accelerator.autocast():
             metrics = {k: float(v) for k, v in self.evaluate().items()}
         self.model.train()
         self._evaluated_at = self.state.step
@@ -382,23 +404,21 @@ class Trainer:
         logger.info("saved checkpoint %s", path)
         return path
 
+    def _restore_state(self, saved: dict[str, Any]) -> None:
+        """Take step, data position and last evaluation from a saved trainer state."""
+        fields = {f.name for f in dataclasses.fields(TrainerState)} - {"total_steps"}
+        self.state = dataclasses.replace(self.state, **{k: saved[k] for k in fields & set(saved)})
+
     def load_checkpoint(self, path: Path) -> None:
         """Restore model, optimiser, scheduler, RNG streams and data position from `path`."""
         saved = ckpt.read_json(path / ckpt.STATE_FILE)
         if saved["total_steps"] != self.state.total_steps:
-            logger.warning(
-                "checkpoint %s planned %d steps, this run plans %d; the schedule follows the "
-                "checkpoint's state",
-                path,
-                saved["total_steps"],
-                self.state.total_steps,
-            )
+            message = "%s planned %d steps; continuing to this run's %d"
+            logger.warning(message, path, saved["total_steps"], self.state.total_steps)
         self.load_model_weights(path)
         self.optimizer.load_state_dict(ckpt.load_state(path / OPTIMIZER_FILE))
         self.scheduler.load_state_dict(saved["scheduler"])
-        fields = {f.name for f in dataclasses.fields(TrainerState)}
-        self.state = TrainerState(**{k: v for k, v in saved.items() if k in fields})
-        self.state.total_steps = self._count_total_steps()
+        self._restore_state(saved)
         rng_file = path / f"rng_state_{self.accelerator.process_index}.safetensors"
         if rng_file.is_file():
             ckpt.set_rng_state(ckpt.load_state(rng_file))

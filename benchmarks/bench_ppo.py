@@ -1,0 +1,248 @@
+#!/usr/bin/env python
+"""Seconds per PPO iteration on the issue's fixed workload, next to TRL 1.12's PPOTrainer.
+
+Workload (the same as ``shared/peers/trl_ppo_bench.py --reward rm``): a GPT-2 with 4 layers,
+4 heads, width 256, 256 positions, 4096-token vocabulary; 32 prompts x 32 new tokens at
+temperature 1; 4 PPO epochs x 4 minibatches of 8; a separate critic initialised from the
+reward model; frozen reference copy; lr 1e-4, k1 KL penalty 0.05.
+
+Models, in order of preference:
+- ``--assets DIR`` in the peers' layout (``tokenizer/``, ``policy/``, ``reward_model/`` as
+  GPT2ForSequenceClassification, ``prompts.jsonl``): the exact models TRL is measured on;
+- ``src/rlhfkit/assets/base`` (the bundled pretrained base), with a fresh reward head;
+- otherwise untrained models of the same configuration and a 4096-token BPE trained here on
+  CPython's own documentation. Speed depends on shapes, not weights; the output says which.
+
+Prints the median seconds per iteration (first iteration excluded), time per phase,
+generation tokens/s (batch x new-token slots / seconds inside generation, as the peers count
+them), peak RSS, the CPU used by other processes while it ran (the machine is shared), and
+the command line. ``--profile`` prints torch.profiler's top operators for one iteration.
+
+    .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets --bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+)
+
+from rlhfkit.models import RewardModel, ValueModel, load_causal_lm, load_tokenizer  # noqa: E402
+from rlhfkit.rewards import RewardModelScorer  # noqa: E402
+from rlhfkit.trainers.ppo import PPOTrainer  # noqa: E402
+from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
+
+BASE_ASSET = Path(__file__).resolve().parents[1] / "src" / "rlhfkit" / "assets" / "base"
+
+
+def _busy_cpu_s() -> float:
+    with open("/proc/stat") as f:
+        values = [int(x) for x in f.readline().split()[1:]]
+    return (sum(values[:8]) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _scored_head_from_seqcls(path: Path, cls):
+    """Our scalar-head model from a GPT2ForSequenceClassification (score has no bias)."""
+    seqcls = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    model = cls(seqcls.transformer)
+    with torch.no_grad():
+        model.score.weight.copy_(seqcls.score.weight)
+        model.score.bias.zero_()
+    return model
+
+
+def _prompt_texts(path: Path | None, n: int) -> list[str]:
+    if path is not None and path.is_file():
+        return [json.loads(line)["prompt"] for line in path.read_text().splitlines()][:n]
+    import pydoc_data.topics
+
+    words = " ".join(pydoc_data.topics.topics.values()).split()
+    return [" ".join(words[i * 7 : i * 7 + 4 + i % 5]) for i in range(n)]
+
+
+def _untrained(vocab_size: int = 4096):
+    """A 4096-token byte-level BPE on CPython's docs and fresh models of the bench config."""
+    import pydoc_data.topics
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(pydoc_data.topics.topics.values(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>", padding_side="left"
+    )
+    config = GPT2Config(
+        n_layer=4,
+        n_head=4,
+        n_embd=256,
+        n_positions=256,
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
+    torch.manual_seed(0)
+    policy = GPT2LMHeadModel(config)
+    reference = GPT2LMHeadModel(config)
+    reference.load_state_dict(policy.state_dict())
+    reward_model = RewardModel(GPT2LMHeadModel(config).transformer)
+    critic = ValueModel(GPT2LMHeadModel(config).transformer)
+    critic.load_state_dict(reward_model.state_dict())
+    return tokenizer, policy, reference, critic, reward_model
+
+
+def load_models(assets: Path | None):
+    """(description, tokenizer, policy, reference, critic, reward model, prompts file)."""
+    if assets is not None:
+        tokenizer = load_tokenizer(assets / "tokenizer", padding_side="left")
+        policy = load_causal_lm(assets / "policy", tokenizer=tokenizer)
+        reference = load_causal_lm(assets / "policy", tokenizer=tokenizer)
+        critic = _scored_head_from_seqcls(assets / "reward_model", ValueModel)
+        reward_model = _scored_head_from_seqcls(assets / "reward_model", RewardModel)
+        parts = (tokenizer, policy, reference, critic, reward_model)
+        return f"peer assets {assets} (the models TRL runs on)", *parts, assets / "prompts.jsonl"
+    if (BASE_ASSET / "config.json").is_file():
+        tokenizer = load_tokenizer(BASE_ASSET, padding_side="left")
+        policy = load_causal_lm(BASE_ASSET, tokenizer=tokenizer)
+        reference = load_causal_lm(BASE_ASSET, tokenizer=tokenizer)
+        critic = ValueModel.from_pretrained(BASE_ASSET)
+        reward_model = RewardModel(ValueModel.from_pretrained(BASE_ASSET).backbone)
+        parts = (tokenizer, policy, reference, critic, reward_model)
+        return f"bundled base model {BASE_ASSET} (fresh reward head)", *parts, None
+    return "UNTRAINED models of the bench config (no assets found)", *_untrained(), None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--assets", type=Path, default=None, help="peers' asset dir (make_assets.py)")
+    ap.add_argument("--iters", type=int, default=8, help="PPO iterations (the first is excluded)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 weights and losses)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--profile", action="store_true", help="profile iteration 2 with torch.profiler"
+    )
+    ap.add_argument("--attn", default=None, help="attention implementation (eager, sdpa)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the result here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    what, tokenizer, policy, reference, critic, reward_model, prompt_file = load_models(args.assets)
+    if args.attn:
+        for model in (policy, reference, critic.backbone, reward_model.backbone):
+            model.set_attn_implementation(args.attn)
+    prompts = [tokenizer(p)["input_ids"] for p in _prompt_texts(prompt_file, 512)]
+    config = PPOConfig(
+        model="in-memory",
+        train_data="in-memory",
+        output_dir=tempfile.mkdtemp(prefix="bench_ppo_"),
+        reward_model="in-memory",
+        iterations=args.iters,
+        rollout_batch_size=32,
+        batch_size=8,
+        ppo_epochs=4,
+        max_new_tokens=32,
+        temperature=1.0,
+        learning_rate=1e-4,
+        lr_scheduler="constant",
+        kl_coef=0.05,
+        mixed_precision="bf16" if args.bf16 else "no",
+        cpu=True,
+        seed=42,
+        tensorboard=False,
+    )
+    trainer = PPOTrainer(
+        config,
+        policy,
+        tokenizer,
+        prompts,
+        RewardModelScorer(reward_model.eval().requires_grad_(False)),
+        reference=reference,
+        critic=critic,
+    )
+    busy0, own0, wall0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()
+    rows = []
+    for it in range(args.iters):
+        if args.profile and it == 2:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                metrics, _ = trainer.step()
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        else:
+            metrics, _ = trainer.step()
+        rows.append(metrics)
+        print(
+            f"iter {it + 1}: {metrics['time/iteration']:.3f}s (gen {metrics['time/generate']:.3f} "
+            f"fwd {metrics['time/forward']:.3f} score {metrics['time/score']:.3f} "
+            f"update {metrics['time/update']:.3f}) score {metrics['score/mean']:.3f} "
+            f"kl {metrics['kl/ref']:.3f} approx_kl {metrics['policy/approx_kl']:.4f}",
+            flush=True,
+        )
+    wall = time.perf_counter() - wall0
+    foreign = max(0.0, (_busy_cpu_s() - busy0) - (_own_cpu_s() - own0)) / wall
+    after_first = rows[1:]
+
+    def median(key):
+        return statistics.median(r[key] for r in after_first)
+
+    result = {
+        "models": what,
+        "dtype": "bf16 autocast (fp32 weights, fp32 loss math)" if args.bf16 else "fp32",
+        "threads": args.threads,
+        "iterations": len(rows),
+        "sec_per_iter_median": median("time/iteration"),
+        "sec_per_iter_min": min(r["time/iteration"] for r in after_first),
+        "sec_per_iter_max": max(r["time/iteration"] for r in after_first),
+        "first_iter_s": rows[0]["time/iteration"],
+        "phase_median_s": {
+            k: median(f"time/{k}") for k in ("generate", "forward", "score", "update")
+        },
+        "gen_tokens_per_s": 32 * 32 / median("time/generate"),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "foreign_cores": foreign,
+        "score_first_last": [rows[0]["score/mean"], rows[-1]["score/mean"]],
+        "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+    }
+    print("RESULT " + json.dumps(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

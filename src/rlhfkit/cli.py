@@ -1,0 +1,172 @@
+"""`rlhfkit <command>`: every stage of the pipeline from the command line.
+
+    rlhfkit --help                                   the commands
+    rlhfkit sft --help                               every field of SFTConfig, documented
+    rlhfkit sft --config configs/sft.yaml --learning_rate 3e-4 --max_steps 100
+    rlhfkit rm  --config configs/rm.yaml             (alias: rlhfkit reward)
+
+Each command is one line in `COMMANDS`: a config dataclass and a `run(config)` function, both
+named as "module:attribute" and imported only when that command runs, so `rlhfkit --help`
+answers without loading torch. Options come from jsonargparse: a YAML file (`--config`), then
+`--field value` overrides, then the dataclass's own checks (`ConfigError` names the field).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Command:
+    """A CLI command: its config dataclass, the function that runs it, and its help line."""
+
+    config: str
+    """The config dataclass, as "module:Class"."""
+    run: str
+    """The function run(config) -> main output path (or None), as "module:function"."""
+    help: str
+    """One line for `rlhfkit --help`."""
+    aliases: tuple[str, ...] = ()
+    """Other names for the command."""
+
+
+COMMANDS: dict[str, Command] = {
+    "sft": Command(
+        "rlhfkit.config:SFTConfig",
+        "rlhfkit.trainers.sft:run_sft",
+        "supervised fine-tuning on demonstrations (InstructGPT step 1)",
+    ),
+    "rm": Command(
+        "rlhfkit.config:RewardConfig",
+        "rlhfkit.trainers.reward:run_reward",
+        "reward model on comparisons or K-way rankings (InstructGPT step 2)",
+        aliases=("reward",),
+    ),
+    "chat": Command(
+        "rlhfkit.chat:ChatConfig",
+        "rlhfkit.chat:run_chat",
+        "talk to a checkpoint in the terminal, each reply's reward shown",
+    ),
+    "pipeline": Command(
+        "rlhfkit.pipeline:PipelineConfig",
+        "rlhfkit.pipeline:run_pipeline",
+        "SFT -> reward model -> PPO, with DPO and best-of-n, then evaluation and the report",
+    ),
+    "demo": Command(
+        "rlhfkit.pipeline:DemoConfig",
+        "rlhfkit.pipeline:run_demo",
+        "the pipeline on the bundled tiny English model (configs/demo.yaml), in minutes",
+    ),
+    "eval": Command(
+        "rlhfkit.evaluate:EvalConfig",
+        "rlhfkit.pipeline:run_eval",
+        "gold score, reward, KL, win rate and diversity of models on held-out prompts",
+    ),
+    "dpo": Command(
+        "rlhfkit.config:DPOConfig",
+        "rlhfkit.trainers.dpo:run_dpo",
+        "direct preference optimisation (DPO, IPO, cDPO) on comparisons",
+    ),
+    "grpo": Command(
+        "rlhfkit.config:GRPOConfig",
+        "rlhfkit.trainers.grpo:run_grpo",
+        "critic-free RL with group-relative advantages (GRPO, Dr. GRPO)",
+    ),
+    "rloo": Command(
+        "rlhfkit.config:RLOOConfig",
+        "rlhfkit.trainers.grpo:run_grpo",
+        "critic-free RL with the leave-one-out baseline (RLOO)",
+    ),
+    "bon": Command(
+        "rlhfkit.sampling:BestOfNConfig",
+        "rlhfkit.sampling:run_bon",
+        "best-of-n sampling; writes the picks as demonstrations",
+    ),
+}
+
+
+def _load(target: str) -> Any:
+    """The attribute named by "module:attribute"."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _resolve(name: str) -> tuple[str, Command] | None:
+    for command_name, command in COMMANDS.items():
+        if name == command_name or name in command.aliases:
+            return command_name, command
+    return None
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    """The `rlhfkit --help` listing (each command parses its own options)."""
+    parser = argparse.ArgumentParser(
+        prog="rlhfkit",
+        description="RLHF on Hugging Face causal LMs: SFT, reward model, PPO, DPO and more.",
+        epilog="`rlhfkit <command> --help` documents every option of a command.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    for name, command in COMMANDS.items():
+        commands.add_parser(name, help=command.help, aliases=list(command.aliases))
+    return parser
+
+
+def run_command(name: str, args: Sequence[str]) -> Any:
+    """Parse `args` into the command's config, run it, and return what it returned."""
+    from rlhfkit.config import ConfigError, config_from_namespace, config_parser
+
+    resolved = _resolve(name)
+    if resolved is None:
+        raise SystemExit(f"rlhfkit: unknown command {name!r}; see `rlhfkit --help`")
+    name, command = resolved
+    config_cls = _load(command.config)
+    parser = config_parser(config_cls, prog=f"rlhfkit {name}")
+    namespace = parser.parse_args(list(args))
+    try:
+        config = config_from_namespace(config_cls, namespace)
+    except ConfigError as error:
+        parser.error(str(error))
+    return _load(command.run)(config), config
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `rlhfkit` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") or _resolve(argv[0]) is None:
+        _top_parser().parse_args(argv)  # prints the help, or the error, and exits
+        return 2
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    from rlhfkit.data import DataError
+
+    try:
+        result, config = run_command(argv[0], argv[1:])
+    except DataError as error:
+        print(f"rlhfkit {argv[0]}: data error: {error}", file=sys.stderr)
+        return 1
+    _print_summary(argv[0], config, result)
+    return 0
+
+
+def _print_summary(name: str, config: Any, result: Any) -> None:
+    """Tell the user where the results are."""
+    print(f"\nrlhfkit {name}: done.")
+    if isinstance(result, str | Path):
+        print(f"  result:         {Path(result).resolve()}")
+    output_dir = getattr(config, "output_dir", None)
+    if output_dir is not None:
+        run_dir = Path(output_dir).resolve()
+        print(f"  run directory:  {run_dir} (metrics.jsonl, curves.png, checkpoints)")
+        print(f"  TensorBoard:    tensorboard --logdir {run_dir / 'tb'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The pipeline's report: ``report.md`` with the results table, PNG plots and sample texts.
+
+Plots: per stage, the training curves from its ``metrics.jsonl`` (drawn by
+``tracking.Tracker.plot``); and gold and proxy (reward-model) score against KL to the SFT
+model, for PPO at its evaluation points and for best-of-n at several n, the picture of
+Gao et al. 2022 ("Scaling Laws for Reward Model Overoptimization", figure 1): the proxy keeps
+rising with KL while the gold score rises, then stalls or falls. Gao et al. put sqrt(KL) on the
+x-axis; we plot KL itself in nats, which reads more directly at the small KLs of the demo.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.tracking import Tracker, read_jsonl
+
+logger = logging.getLogger(__name__)
+
+REPORT_FILE = "report.md"
+TABLE_COLUMNS = (
+    "model",
+    "gold",
+    "reward",
+    "kl",
+    "win_rate_rm",
+    "win_rate_gold",
+    "length",
+    "distinct_1",
+    "distinct_2",
+)
+STAGE_KEYS = {
+    "sft": ("train/loss", "eval/nll", "eval/perplexity"),
+    "reward": ("train/loss", "train/accuracy", "eval/accuracy", "eval/margin"),
+    "ppo": ("score/mean", "kl/ref", "policy/entropy", "response/length", "policy/clipfrac"),
+    "dpo": ("train/loss", "train/accuracy", "train/margin", "eval/accuracy"),
+}
+
+
+def load_eval(path: str | Path) -> dict:
+    """The results ``evaluate.evaluate`` wrote (``eval.json``)."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows as a markdown table (floats to 3 decimals, '-' for a missing value)."""
+    columns = list(columns or rows[0].keys())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- plots
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless: no display on servers and in CI
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_stage(stage: str, stage_dir: str | Path, png_path: str | Path) -> Path | None:
+    """The stage's curves (``STAGE_KEYS``, those it logged) from its ``metrics.jsonl``."""
+    rows = read_jsonl(Path(stage_dir) / "metrics.jsonl")
+    logged = {key for row in rows for key in row}
+    keys = [k for k in STAGE_KEYS.get(stage, ()) if k in logged]
+    if not keys:
+        return None
+    return Tracker(stage_dir, tensorboard=False).plot(keys, png_path)
+
+
+def plot_overoptimization(
+    ppo_points: Sequence[Mapping[str, Any]],
+    best_of_n: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
+    png_path: str | Path,
+) -> Path:
+    """Gold (left) and proxy (right) score against KL to the SFT model: PPO's evaluation
+    points, the best-of-n curve, and every other model of the table as a labelled dot."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = (("gold", "gold score"), ("reward", "proxy (reward model)"))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for points, label, marker in ((ppo_points, "PPO", "o"), (best_of_n, "best-of-n", "s")):
+            points = [p for p in points if p.get(key) is not None]
+            if points:
+                ax.plot(
+                    [p["kl"] for p in points], [p[key] for p in points], marker=marker, label=label
+                )
+        for p in best_of_n:
+            if p.get(key) is not None:
+                ax.annotate(
+                    f"n={p['n']}",
+                    (p["kl"], p[key]),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(3, -9),
+                )
+        for row in rows:
+            if row.get(key) is not None and row.get("kl") is not None:
+                ax.scatter([row["kl"]], [row[key]], marker="x", color="black", zorder=3)
+                ax.annotate(
+                    row["model"],
+                    (row["kl"], row[key]),
+                    fontsize=8,
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                )
+        ax.set_xlabel("KL(policy || SFT), nats")
+        ax.set_ylabel(title)
+        ax.set_title(f"{title} against KL")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return png_path
+
+
+# --------------------------------------------------------------------------- markdown
+def _samples_table(samples: Sequence[Mapping[str, Any]]) -> str:
+    """Prompt, then each model's continuation with its gold score, one row per prompt."""
+    if not samples:
+        return "(no samples)"
+    models = list(samples[0]["responses"])
+    rows = []
+    for sample in samples:
+        row = {"prompt": sample["prompt"]}
+        for name in models:
+            response = sample["responses"][name]
+            gold = response.get("gold")
+            suffix = "" if gold is None else f" **({gold:+.2f})**"
+            row[name] = response["text"].strip() + suffix
+        rows.append(row)
+    return format_table(rows, ["prompt", *models])
+
+
+def _reward_model_lines(accuracy: Mapping[str, float] | None) -> list[str]:
+    if not accuracy:
+        return ["No held-out comparisons were given: accuracy not measured."]
+    lines = [
+        f"- accuracy against the held-out labels: {accuracy['accuracy']:.3f} "
+        f"({accuracy['pairs']} pairs)"
+    ]
+    if "accuracy_gold" in accuracy:
+        lines += [
+            f"- accuracy against the gold judge's order: {accuracy['accuracy_gold']:.3f}",
+            f"- the labels themselves agree with the gold order: "
+            f"{accuracy['label_gold_agreement']:.3f} (simulated labeller noise)",
+        ]
+    return lines
+
+
+def _timing_table(timings: Mapping[str, Mapping[str, Any]]) -> str:
+    rows = [
+        {"stage": stage, "seconds": t.get("seconds"), "status": t.get("status", "")}
+        for stage, t in timings.items()
+    ]
+    total = sum(t.get("seconds") or 0.0 for t in timings.values())
+    rows.append({"stage": "total", "seconds": total, "status": ""})
+    return format_table(rows)
+
+
+def write_report(
+    run_dir: str | Path,
+    result: Mapping[str, Any],
+    stage_dirs: Mapping[str, str | Path],
+    *,
+    ppo_points: Sequence[Mapping[str, Any]] = (),
+    timings: Mapping[str, Mapping[str, Any]] | None = None,
+    title: str = "rlhfkit pipeline",
+) -> Path:
+    """Write ``run_dir/report.md`` and its PNGs (under ``run_dir/plots``); return its path.
+
+    ``result``: what ``evaluate`` wrote; ``stage_dirs``: stage name -> run directory with a
+    ``metrics.jsonl``; ``ppo_points``: dicts with iteration, kl, gold, reward.
+    """
+    run_dir = Path(run_dir)
+    plots = run_dir / "plots"
+    cfg = result.get("config", {})
+    rows = result["rows"]
+    overopt = plot_overoptimization(
+        ppo_points, result.get("best_of_n", ()), rows, plots / "gold_proxy_vs_kl.png"
+    )
+    lines = [
+        f"# {title}: report",
+        "",
+        f"Written {time.strftime('%Y-%m-%d %H:%M')}. Held-out prompts: "
+        f"{cfg.get('max_prompts', '?')} of `{cfg.get('prompts', '?')}` ({cfg.get('split', '?')}), "
+        f"{cfg.get('max_new_tokens', '?')} new tokens at temperature {cfg.get('temperature', '?')}, "
+        f"seed {cfg.get('seed', '?')}; gold judge: `{cfg.get('task')}`.",
+        "",
+        "## Results",
+        "",
+        format_table(rows, [c for c in TABLE_COLUMNS if any(c in r for r in rows)]),
+        "",
+        "`gold`: the gold judge's mean score (it stands for the human; training never sees it). "
+        "`reward`: the reward model's mean score (the proxy). `kl`: KL to the SFT model in nats, "
+        "sum over response tokens of log pi - log ref averaged over samples "
+        "(best-of-n: the analytic log n - (n-1)/n). `win_rate_*`: share of prompts where the "
+        "model's response beats the SFT model's, by the reward model / by the gold judge (ties "
+        "count 1/2). `length`: response tokens, EOS included. `distinct_n`: distinct word n-grams "
+        "over all n-grams of all responses.",
+        "",
+        "## Reward model",
+        "",
+        *_reward_model_lines(result.get("reward_model")),
+        "",
+        "## Gold and proxy against KL (over-optimisation, Gao et al. 2022)",
+        "",
+        f"![gold and proxy against KL]({overopt.relative_to(run_dir)})",
+        "",
+    ]
+    if ppo_points:
+        lines += ["PPO evaluation points:", "", format_table(ppo_points), ""]
+    if result.get("best_of_n"):
+        lines += [
+            "Best-of-n of the SFT model, picked by the reward model:",
+            "",
+            format_table(result["best_of_n"]),
+            "",
+        ]
+    lines += ["## Training curves", ""]
+    for stage, stage_dir in stage_dirs.items():
+        png = plot_stage(stage, stage_dir, plots / f"{stage}.png")
+        if png is not None:
+            lines += [f"### {stage}", "", f"![{stage} curves]({png.relative_to(run_dir)})", ""]
+    lines += [
+        "TensorBoard: `tensorboard --logdir " + str(run_dir) + "`.",
+        "",
+        "## Samples side by side (gold score in bold)",
+        "",
+        _samples_table(result.get("samples", ())),
+        "",
+    ]
+    if timings:
+        lines += ["## Time per stage", "", _timing_table(timings), ""]
+    path = run_dir / REPORT_FILE
+    path.write_text("\n".join(lines), encoding="utf-8")
+    logger.info("report written to %s", path)
+    return path

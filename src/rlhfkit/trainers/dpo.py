@@ -1,0 +1,319 @@
+"""Direct preference optimisation on the shared loop: DPO, IPO and conservative DPO.
+
+Follows Rafailov et al. 2023, "Direct Preference Optimization" (eq. 7) as TRL's ``DPOTrainer``
+implements it: the policy's and the frozen reference's log-probs of the chosen and rejected
+responses give the implicit rewards beta * log(pi / ref), and the loss (``ops.losses.dpo_loss``)
+pushes the chosen one above the rejected one. IPO (Azar et al. 2023) uses the per-token mean
+log-prob, as in the paper's experiments and TRL; DPO and cDPO use the sum over response tokens
+(EOS included).
+
+Details and departures:
+- Chosen and rejected rows go through ONE forward (``data.PairCollator`` lays them out
+  chosen-first), so both see the same weights and the step costs one batched pass.
+- Reference log-probs are by default computed once over the train and eval data before the
+  first step (TRL's ``precompute_ref_log_probs``); the reference model is then dropped. When no
+  separate reference is given, the starting policy itself provides them, so the reference
+  weights are never loaded twice. ``precompute_reference=False`` runs it every step instead.
+- With LoRA the reference is the policy with its adapter disabled (``models.reference_mode``).
+- Rankings (K responses best first) are expanded into all K-choose-2 (better, worse) pairs.
+- Dropout is off by default: the implicit reward must be a deterministic function of the
+  weights, or step 1 would not start exactly at loss ln 2.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import set_seed
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
+from torch import nn
+
+from rlhfkit.config import DPOConfig
+from rlhfkit.data import (
+    IGNORE_INDEX,
+    PairCollator,
+    PreferenceExample,
+    encode_comparisons,
+    load_records,
+)
+from rlhfkit.models import (
+    add_lora,
+    freeze,
+    load_causal_lm,
+    load_reference,
+    load_tokenizer,
+    merge_lora,
+    reference_mode,
+)
+from rlhfkit.ops.logprobs import shifted_logprobs
+from rlhfkit.ops.losses import dpo_loss
+from rlhfkit.ops.masks import masked_mean, masked_sum, position_ids_from_mask
+from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.trainers.loop import Batch, Trainer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DPOPair:
+    """One (chosen, rejected) pair and, once precomputed, its reference log-probs."""
+
+    example: PreferenceExample  # prompt ids and [chosen ids, rejected ids]
+    ref_logps: tuple[float, float] | None = None  # (chosen, rejected) under the reference
+
+
+@dataclass(frozen=True)
+class DPOCollator:
+    """`DPOPair`s -> a `PairCollator` batch (rows [0, N) chosen, [N, 2N) rejected), plus
+    `ref_logps` (2N,) in the same row order when every pair carries them."""
+
+    pad_id: int
+
+    def __call__(self, pairs: Sequence[DPOPair]) -> Batch:
+        batch = PairCollator(self.pad_id)([p.example for p in pairs])
+        if all(p.ref_logps is not None for p in pairs):
+            chosen, rejected = zip(*(p.ref_logps for p in pairs), strict=True)
+            batch["ref_logps"] = torch.tensor([*chosen, *rejected], dtype=torch.float32)  # (2N,)
+        return batch
+
+
+def preference_pairs(examples: Sequence[PreferenceExample]) -> list[DPOPair]:
+    """One `DPOPair` per comparison; a K-way ranking gives all K-choose-2 (better, worse)."""
+    pairs = []
+    for example in examples:
+        for better, worse in itertools.combinations(example.response_ids, 2):
+            pairs.append(DPOPair(PreferenceExample(example.prompt_ids, [better, worse])))
+    return pairs
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Set the probability of every ``nn.Dropout`` in ``model`` to 0 (in place)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def sequence_logps(model: nn.Module, batch: Batch, average: bool = False) -> torch.Tensor:
+    """Log-prob of each row's response under ``model``: sum (or mean) over response tokens.
+
+    Response tokens are the positions where ``batch["labels"]`` is not -100 (EOS included).
+    Only positions from the first response token of the batch on go through the LM head
+    (``logits_to_keep``): the prompt tokens before it predict nothing we score.
+
+    Returns:
+        (R,) float32 log-probs, one per row of ``batch["input_ids"]``.
+    """
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (R, T)
+    scored = batch["labels"] != IGNORE_INDEX  # (R, T)
+    width = input_ids.shape[1]
+    first = int(scored.any(0).nonzero()[0]) if scored.any() else width - 1
+    keep = width - max(first - 1, 0)  # logits at t predict token t + 1
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        logits_to_keep=keep,
+    ).logits  # (R, keep, V)
+    token_logps = shifted_logprobs(logits, input_ids[:, width - keep :])  # (R, keep - 1)
+    mask = scored[:, width - keep + 1 :]  # (R, keep - 1)
+    reduce = masked_mean if average else masked_sum
+    return reduce(token_logps, mask, dim=1)
+
+
+class LoRACheckpoints:
+    """For `Trainer` subclasses with ``config.lora``: checkpoints hold only the adapter (and
+    resume loads it back into the wrapped model); ``final/`` holds the merged model, so
+    anything that loads a causal LM can open it."""
+
+    def save_model(self, path: Path) -> None:
+        if not (self.config.lora and self.state.complete):
+            super().save_model(path)
+            return
+        # Merge a copy: the trained adapter stays as it is in the live model.
+        merge_lora(copy.deepcopy(self.unwrapped_model)).save_pretrained(path)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(path)
+
+    def load_model_weights(self, path: Path) -> None:
+        if not self.config.lora:
+            super().load_model_weights(path)
+            return
+        state = load_file(str(path / "adapter_model.safetensors"))
+        set_peft_model_state_dict(self.unwrapped_model, state)
+
+
+class DPOTrainer(LoRACheckpoints, Trainer):
+    """DPO / IPO / cDPO on `DPOPair`s (see the module docstring).
+
+    Args:
+        config: a `DPOConfig`.
+        model: the policy (a causal LM), already matched to ``tokenizer``; LoRA is added
+            here when ``config.lora``.
+        tokenizer: supplies the pad id and is saved with checkpoints.
+        train_pairs: the training pairs (`preference_pairs`).
+        eval_pairs: held-out pairs for `evaluate`; None or empty skips evaluation.
+        reference: a frozen reference LM; None uses a copy of the starting ``model`` (or, with
+            LoRA, ``model`` with its adapter disabled).
+    """
+
+    plot_keys = (
+        "train/loss",
+        "train/accuracy",
+        "train/margin",
+        "train/logps_chosen",
+        "train/logps_rejected",
+    )
+
+    def __init__(
+        self,
+        config: DPOConfig,
+        model: nn.Module,
+        tokenizer: Any,
+        train_pairs: Sequence[DPOPair],
+        eval_pairs: Sequence[DPOPair] | None = None,
+        *,
+        reference: nn.Module | None = None,
+        accelerator=None,
+    ) -> None:
+        if config.disable_dropout:
+            disable_dropout(model)
+        if config.lora:
+            model = add_lora(
+                model,
+                r=config.lora_r,
+                alpha=config.lora_alpha,
+                dropout=config.lora_dropout,
+                target_modules=config.lora_target_modules,
+            )
+        elif reference is None and not config.precompute_reference:
+            reference = copy.deepcopy(model)  # the starting weights, before any step
+        collate = DPOCollator(tokenizer.pad_token_id)
+        super().__init__(
+            config, model, list(train_pairs), collate, tokenizer=tokenizer, accelerator=accelerator
+        )
+        self.eval_pairs = list(eval_pairs or [])
+        self.reference = None
+        if reference is not None:
+            if config.disable_dropout:
+                disable_dropout(reference)
+            self.reference = freeze(reference).to(self.accelerator.device)
+        if config.precompute_reference:
+            self.train_data = self.attach_reference_logps(self.train_data)
+            self.eval_pairs = self.attach_reference_logps(self.eval_pairs)
+            self.reference = None  # no longer needed: free its memory
+
+    # ----------------------------------------------------------------- reference
+    def reference_logps(self, batch: Batch) -> torch.Tensor:
+        """(R,) reference log-probs of a batch, without gradient."""
+        average = self.config.loss_type == "ipo"
+        with torch.no_grad():
+            if self.reference is not None:
+                return sequence_logps(self.reference, batch, average)
+            if self.config.lora:
+                with reference_mode(self.unwrapped_model) as ref:
+                    return sequence_logps(ref, batch, average)
+            # Precomputing with the untouched starting policy as its own reference.
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                return sequence_logps(self.model, batch, average)
+            finally:
+                self.model.train(was_training)
+
+    def attach_reference_logps(self, pairs: Sequence[DPOPair]) -> list[DPOPair]:
+        """The pairs with their reference log-probs, computed in batches of eval_batch_size."""
+        logps = []
+        for batch in self.eval_batches(pairs, self.collate_fn):
+            with self.accelerator.autocast():
+                rows = self.reference_logps(batch).float().cpu()  # (2n,): chosen, then rejected
+            n = batch["pair_count"]
+            logps += [(float(rows[i]), float(rows[n + i])) for i in range(n)]
+        logger.info("precomputed reference log-probs of %d pairs", len(pairs))
+        return [DPOPair(p.example, ref) for p, ref in zip(pairs, logps, strict=True)]
+
+    # ----------------------------------------------------------------- loss
+    def pair_losses(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Per-pair losses (N,) and per-pair statistics of one batch (one policy forward)."""
+        cfg = self.config
+        n = batch["pair_count"]
+        logps = sequence_logps(self.model, batch, average=cfg.loss_type == "ipo")  # (2N,)
+        ref = batch["ref_logps"] if "ref_logps" in batch else self.reference_logps(batch)
+        losses, chosen_rewards, rejected_rewards = dpo_loss(
+            logps[:n], logps[n:], ref[:n], ref[n:], cfg.beta, cfg.loss_type, cfg.label_smoothing
+        )  # (N,) each
+        stats = {
+            "accuracy": (chosen_rewards > rejected_rewards).float(),
+            "rewards_chosen": chosen_rewards,
+            "rewards_rejected": rejected_rewards,
+            "margin": chosen_rewards - rejected_rewards,
+            "logps_chosen": logps[:n].detach(),
+            "logps_rejected": logps[n:].detach(),
+        }
+        return losses, stats
+
+    def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
+        losses, stats = self.pair_losses(batch)
+        return losses.mean(), {key: value.mean() for key, value in stats.items()}
+
+    def evaluate(self) -> dict[str, float]:
+        """Loss, preference accuracy, implicit rewards and log-probs over the eval pairs."""
+        if not self.eval_pairs:
+            return {}
+        sums: dict[str, float] = {}
+        for batch in self.eval_batches(self.eval_pairs, self.collate_fn):
+            with self.accelerator.autocast():
+                losses, stats = self.pair_losses(batch)
+            for key, value in {"loss": losses, **stats}.items():
+                sums[key] = sums.get(key, 0.0) + float(value.float().sum())
+        return {key: total / len(self.eval_pairs) for key, total in sums.items()}
+
+
+def load_pairs(
+    source: str, split: str, tokenizer: Any, max_length: int, limit: int | None
+) -> list[DPOPair]:
+    """Comparisons from ``source`` as tokenised `DPOPair`s (see `preference_pairs`)."""
+    records = load_records(source, "comparisons", split=split, limit=limit)
+    examples, _ = encode_comparisons(records, tokenizer, max_length)
+    return preference_pairs(examples)
+
+
+def run_dpo(config: DPOConfig) -> Path:
+    """Load model, tokenizer, data (and a separate reference if configured), train, and
+    return the final model's directory (the ``rlhfkit dpo`` command)."""
+    if config.resume and ckpt.is_complete(config.output_dir):
+        logger.info("%s is already complete; nothing to do", config.output_dir)
+        return config.final_dir
+    set_seed(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = load_causal_lm(config.model, tokenizer=tokenizer)
+    train = load_pairs(
+        config.train_data,
+        config.train_split,
+        tokenizer,
+        config.max_length,
+        config.max_train_samples,
+    )
+    evals = None
+    if config.eval_data:
+        evals = load_pairs(
+            config.eval_data,
+            config.eval_split,
+            tokenizer,
+            config.max_length,
+            config.max_eval_samples,
+        )
+    reference = None
+    if config.reference:
+        reference = load_reference(config.reference, tokenizer=tokenizer)
+    DPOTrainer(config, model, tokenizer, train, evals, reference=reference).train()
+    return config.final_dir

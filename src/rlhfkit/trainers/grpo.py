@@ -1,0 +1,289 @@
+"""Critic-free RL on the shared loop: GRPO and RLOO with group baselines instead of a critic.
+
+- GRPO: Shao et al. 2024, "DeepSeekMath", sec. 4.1 (outcome supervision): sample a group of
+  k responses per prompt, advantage = (score - group mean) / group std, the same for every
+  token of a response; PPO's clipped objective; a k3 estimate of KL(pi || ref) added to the
+  loss with weight beta (not folded into the reward as in PPO). ``scale_rewards=False`` is
+  Dr. GRPO (Liu et al. 2025): centre only.
+- RLOO: Ahmadian et al. 2024, "Back to Basics": the baseline of each response is the mean
+  score of the other k - 1 in its group (``ops.advantages.rloo_advantages``).
+
+Every formula comes from ``ops`` (group advantages, ``ppo_policy_loss``, ``kl_k3``), sampling
+from ``generation``, scoring from ``rewards``, and the sequence layout from ``rollout``.
+
+One optimiser step per sampled batch, as TRL's ``GRPOTrainer`` with ``num_iterations=1``:
+each micro-batch samples its own groups from the current policy, so the "old" log-probs of
+the ratio are the current ones detached (the ratio is 1 and the clip is inactive; the
+gradient is the policy gradient of the clipped objective at the sampling point, and the
+sampling forward pass is saved). The loss is averaged over all response tokens of the
+micro-batch (``masked_mean``), TRL's default ``loss_type="dapo"``; DeepSeekMath averages per
+sequence first. Rewards from a reward model are read at the EOS the policy emitted, as the
+reward model was trained (peers' pitfall 7); TRL's GRPO scores the text without EOS.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import set_seed
+from torch import nn
+
+from rlhfkit.config import GRPOConfig
+from rlhfkit.data import PromptCollator, encode_prompts, load_records
+from rlhfkit.generation import SamplingConfig, generate
+from rlhfkit.models import add_lora, freeze, load_causal_lm, load_tokenizer, reference_mode
+from rlhfkit.ops.advantages import group_advantages, rloo_advantages
+from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
+from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
+from rlhfkit.ops.masks import masked_mean
+from rlhfkit.rewards import RunningMoments, ScoreInput, ScoreOptions, Scorer, process_scores
+from rlhfkit.rollout import response_logits, sequence_inputs
+from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.trainers.dpo import LoRACheckpoints, disable_dropout
+from rlhfkit.trainers.loop import Batch, Trainer
+from rlhfkit.trainers.ppo import build_scorer
+
+logger = logging.getLogger(__name__)
+
+
+def group_baseline_advantages(scores: torch.Tensor, config: GRPOConfig) -> torch.Tensor:
+    """(B,) advantages of contiguous groups of ``num_generations`` scores, per ``advantage``."""
+    if config.advantage == "rloo":
+        return rloo_advantages(scores, config.num_generations)
+    return group_advantages(scores, config.num_generations, scale_by_std=config.scale_rewards)
+
+
+class GRPOTrainer(LoRACheckpoints, Trainer):
+    """GRPO / RLOO on tokenised prompts (lists of ids) against ``scorer``.
+
+    Args:
+        config: a `GRPOConfig`.
+        model: the policy (a causal LM matched to ``tokenizer``); LoRA is added here if set.
+        tokenizer: distinct pad and EOS; decodes texts for the scorer and the logs.
+        prompts: training prompts as token id lists (``data.encode_prompts``).
+        scorer: gives one score per response (``rewards.Scorer``).
+        eval_prompts: held-out prompts scored at evaluation (one sample each, fixed seed).
+        reference: the frozen reference; None uses a copy of the starting ``model`` (with LoRA:
+            ``model`` with its adapter disabled). Not used when ``config.beta == 0``.
+    """
+
+    plot_keys = ("train/score_mean", "train/kl", "train/entropy", "train/response_length")
+
+    def __init__(
+        self,
+        config: GRPOConfig,
+        model: nn.Module,
+        tokenizer: Any,
+        prompts: Sequence[list[int]],
+        scorer: Scorer,
+        eval_prompts: Sequence[list[int]] = (),
+        *,
+        reference: nn.Module | None = None,
+        accelerator=None,
+    ) -> None:
+        if config.disable_dropout:
+            disable_dropout(model)
+        if config.lora:
+            model = add_lora(
+                model,
+                r=config.lora_r,
+                alpha=config.lora_alpha,
+                dropout=config.lora_dropout,
+                target_modules=config.lora_target_modules,
+            )
+        elif reference is None and config.beta > 0:
+            reference = copy.deepcopy(model)  # the starting weights, before any step
+        collate = PromptCollator(tokenizer.pad_token_id)
+        super().__init__(
+            config, model, list(prompts), collate, tokenizer=tokenizer, accelerator=accelerator
+        )
+        device = self.accelerator.device
+        self.reference = None
+        if reference is not None and config.beta > 0:
+            self.reference = freeze(disable_dropout(reference)).to(device)
+        self.scorer = scorer.to(device)
+        self.eval_prompts = list(eval_prompts)
+        self.sampling = SamplingConfig(
+            config.max_new_tokens, config.temperature, config.top_k, config.top_p
+        )
+        self.score_options = ScoreOptions(missing_eos_penalty=config.missing_eos_penalty)
+
+    # ----------------------------------------------------------------- experience
+    @torch.no_grad()
+    def sample(
+        self, query: torch.Tensor, query_mask: torch.Tensor, generator=None
+    ) -> tuple[ScoreInput, torch.Tensor]:
+        """One response per row of the left-padded ``query`` (B, Tq), sampled in eval mode.
+
+        Returns the batch as scorers see it and ``eos_emitted`` (B,) bool.
+        """
+        lm = self.unwrapped_model
+        was_training = lm.training
+        lm.eval()
+        try:
+            out = generate(
+                lm,
+                query,
+                query_mask,
+                self.sampling,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                generator=generator,
+            )
+        finally:
+            lm.train(was_training)
+        decode = self.tokenizer.batch_decode
+        batch = ScoreInput(
+            prompts=decode(query, skip_special_tokens=True),
+            responses=decode(out.response, skip_special_tokens=True),
+            query=query,
+            query_mask=query_mask,
+            response=out.response,
+            response_mask=out.response_mask,
+        )
+        return batch, out.eos_emitted
+
+    def reference_logprobs(self, inputs: dict[str, torch.Tensor], response: torch.Tensor):
+        """(B, Tr) log ref(token) of the response tokens, without gradient."""
+        temperature = self.config.temperature
+        with torch.no_grad():
+            if self.reference is not None:
+                logits, _ = response_logits(self.reference, inputs, response.shape[1], temperature)
+            else:
+                with reference_mode(self.unwrapped_model) as ref:
+                    logits, _ = response_logits(ref, inputs, response.shape[1], temperature)
+            return token_logprobs(logits, response)
+
+    # ----------------------------------------------------------------- loss
+    def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Sample k responses per prompt, score, group advantages, clipped loss + beta * k3."""
+        cfg = self.config
+        started = time.perf_counter()
+        k = cfg.num_generations
+        query = batch["query"].repeat_interleave(k, dim=0)  # (B, Tq), groups contiguous
+        query_mask = batch["query_mask"].repeat_interleave(k, dim=0)  # (B, Tq)
+        # The global RNG (seeded by the loop, saved in checkpoints): a resumed run samples
+        # exactly what the uninterrupted one would have.
+        samples, eos_emitted = self.sample(query, query_mask)
+        generated = time.perf_counter()
+        raw_scores = self.scorer(samples)  # (B,)
+        scores = process_scores(raw_scores, eos_emitted, self.score_options, RunningMoments())
+        advantages = group_baseline_advantages(scores, cfg)  # (B,)
+
+        response, mask = samples.response, samples.response_mask  # (B, Tr) each
+        inputs = sequence_inputs(query, query_mask, response, mask)
+        logits, _ = response_logits(self.model, inputs, response.shape[1], cfg.temperature)
+        logprobs = token_logprobs(logits, response)  # (B, Tr)
+        token_advantages = advantages[:, None].expand_as(logprobs)  # (B, Tr)
+        # One step per sample: the sampling policy is the current one, so old = current.
+        loss, pg_stats = ppo_policy_loss(
+            logprobs, logprobs.detach(), token_advantages, mask, cfg.clip_range
+        )
+        metrics: dict[str, Any] = {"loss_policy": loss.detach()}
+        if cfg.beta > 0:
+            ref_logprobs = self.reference_logprobs(inputs, response)  # (B, Tr)
+            kl = masked_mean(kl_k3(logprobs, ref_logprobs), mask)
+            loss = loss + cfg.beta * kl
+            metrics["kl"] = kl.detach()
+        with torch.no_grad():
+            metrics["entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask)
+        metrics.update(self._sample_stats(raw_scores, advantages, mask, eos_emitted, pg_stats))
+        metrics["time_generate"] = generated - started
+        metrics["time_update_forward"] = time.perf_counter() - generated
+        self._log_samples(samples, raw_scores, advantages)
+        return loss, metrics
+
+    def _sample_stats(self, raw_scores, advantages, mask, eos_emitted, pg_stats) -> dict:
+        grouped = raw_scores.view(-1, self.config.num_generations)  # (P, k)
+        group_std = grouped.std(dim=1)  # (P,)
+        return {
+            "score_mean": raw_scores.mean(),
+            "score_std": raw_scores.std(),
+            "score_group_std": group_std.mean(),
+            "frac_groups_zero_std": (group_std == 0).float().mean(),
+            "advantage_abs_mean": advantages.abs().mean(),
+            "response_length": mask.sum(1).float().mean(),
+            "eos_fraction": eos_emitted.float().mean(),
+            "clipfrac": pg_stats["clipfrac"],
+            "ratio": pg_stats["ratio"],
+        }
+
+    def _log_samples(self, samples: ScoreInput, scores, advantages) -> None:
+        """Sample texts every `sample_every` steps (first micro-batch), so hacking is seen."""
+        step = self.state.step + 1
+        if self.tracker is None or (step != 1 and step % self.config.sample_every):
+            return
+        if getattr(self, "_samples_logged_at", None) == step:
+            return
+        self._samples_logged_at = step
+        n = min(self.config.num_samples, len(samples.prompts))
+        rows = [
+            {
+                "prompt": samples.prompts[i],
+                "response": samples.responses[i],
+                "score": float(scores[i]),
+                "advantage": float(advantages[i]),
+            }
+            for i in range(n)
+        ]
+        self.tracker.log_samples(rows, step)
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean score and length of one fixed-seed sample per held-out prompt."""
+        if not self.eval_prompts:
+            return {}
+        generator = torch.Generator(self.accelerator.device).manual_seed(self.config.seed + 1)
+        scores, lengths = [], []
+        for batch in self.eval_batches(self.eval_prompts, self.collate_fn):
+            samples, _ = self.sample(batch["query"], batch["query_mask"], generator)
+            scores.append(self.scorer(samples).cpu())
+            lengths.append(samples.response_mask.sum(1).float().cpu())
+        return {
+            "score": torch.cat(scores).mean().item(),
+            "length": torch.cat(lengths).mean().item(),
+        }
+
+
+def load_prompts(
+    source: str, split: str, tokenizer: Any, max_prompt_length: int, limit: int | None
+) -> list[list[int]]:
+    """Prompt token ids of every record of ``source`` (left-truncated)."""
+    records = load_records(source, "prompts", split=split, limit=limit)
+    prompts, _ = encode_prompts(records, tokenizer, max_prompt_length)
+    return prompts
+
+
+def run_grpo(config: GRPOConfig) -> Path:
+    """Load policy, reference, scorer and prompts from ``config``, train, and return the final
+    model's directory (the ``rlhfkit grpo`` and ``rlhfkit rloo`` commands; an `RLOOConfig`
+    is a `GRPOConfig` whose ``advantage`` defaults to 'rloo')."""
+    if config.resume and ckpt.is_complete(config.output_dir):
+        logger.info("%s is already complete; nothing to do", config.output_dir)
+        return config.final_dir
+    set_seed(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = load_causal_lm(config.model, tokenizer=tokenizer)
+    reference = None
+    if config.reference and config.beta > 0:
+        reference = load_causal_lm(config.reference, tokenizer=tokenizer)
+    length = config.max_prompt_length
+    prompts = load_prompts(
+        config.train_data, config.train_split, tokenizer, length, config.max_train_samples
+    )
+    eval_prompts: list[list[int]] = []
+    if config.eval_data:
+        eval_prompts = load_prompts(
+            config.eval_data, config.eval_split, tokenizer, length, config.max_eval_samples
+        )
+    scorer = build_scorer(config)
+    trainer = GRPOTrainer(
+        config, model, tokenizer, prompts, scorer, eval_prompts, reference=reference
+    )
+    trainer.train()
+    return config.final_dir

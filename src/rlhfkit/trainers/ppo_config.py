@@ -1,0 +1,259 @@
+"""`PPOConfig`: the settings of InstructGPT's step 3 (PPO against a reward model).
+
+Defaults follow TRL's PPO (1.12) where InstructGPT / lm-human-preferences do not fix a value:
+k1 KL penalty with beta 0.05, gamma 1, lambda 0.95, clip ranges 0.2, value coefficient 0.1,
+advantage whitening, linear learning-rate decay.
+
+Batch vocabulary: an iteration samples `rollout_batch_size` prompts; the update then makes
+`ppo_epochs` passes over that batch in shuffled minibatches of `batch_size *
+gradient_accumulation_steps` sequences (one optimiser step each), so there are
+`num_mini_batches = rollout_batch_size / minibatch_size` optimiser steps per epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlhfkit.config import DEMO_DATA, TrainConfig, _require
+from rlhfkit.generation import SamplingConfig
+from rlhfkit.rewards import ScoreOptions
+from rlhfkit.rollout import RolloutSettings
+
+
+@dataclass
+class PPOConfig(TrainConfig):
+    """PPO against a reward model and/or Python reward functions (InstructGPT step 3)."""
+
+    model: str = "runs/sft/final"
+    """Policy to start from (the SFT model); also the frozen reference of the KL penalty."""
+    output_dir: str = "runs/ppo"
+    """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
+    learning_rate: float = 1e-5
+    """Peak learning rate of AdamW for policy and critic."""
+    lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    """Learning-rate decay over all optimiser steps of the run."""
+    batch_size: int = 8
+    """Sequences per forward/backward micro-batch in the update."""
+    log_every: int = 1
+    """Log metrics every this many PPO iterations."""
+    save_every: int = 0
+    """Write a checkpoint every this many PPO iterations; 0 only at the end."""
+    train_data: str = f"{DEMO_DATA}/prompts_train.jsonl"
+    """Prompts (any record kind with a prompt): .jsonl/.json/.parquet, dataset dir or hub name."""
+    train_split: str = "train"
+    """Split to read from `train_data` when it is a dataset with splits."""
+    max_prompt_length: int = 128
+    """Prompts longer than this many tokens keep their last tokens."""
+    iterations: int | None = None
+    """PPO iterations (rollout + update); None runs `num_epochs` passes over the prompts."""
+    rollout_batch_size: int = 32
+    """Prompts (hence responses) per iteration."""
+    ppo_epochs: int = 4
+    """Passes of the update over each rollout batch."""
+    max_new_tokens: int = 32
+    """Most tokens per response."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are computed at the same temperature."""
+    top_k: int = 0
+    """Top-k filtering while sampling (0 = off; the log-probs ignore it, keep 0 for PPO)."""
+    top_p: float = 1.0
+    """Nucleus filtering while sampling (1 = off; the log-probs ignore it, keep 1 for PPO)."""
+    reward_model: str | None = "runs/rm/final"
+    """Reward model directory (from `rlhfkit reward`); None if only reward functions score."""
+    reward_functions: list[str] = field(default_factory=list)
+    """Python scorers `module:function`, each `f(prompts, responses) -> list[float]`."""
+    reward_weights: list[float] | None = None
+    """Weights of [reward_model, *reward_functions] in the total score; None = all 1."""
+    critic: Literal["separate", "value_head"] = "separate"
+    """A separate critic model (InstructGPT) or a value head on the policy's trunk."""
+    critic_model: str | None = None
+    """Where the separate critic starts; None = the reward model (InstructGPT), else `model`."""
+    kl_coef: float = 0.05
+    """beta of the per-token KL penalty (the initial value when `adaptive_kl`)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token KL estimator in the rewards (k1 = log pi - log ref, as InstructGPT)."""
+    adaptive_kl: bool = False
+    """Adapt beta towards `kl_target` (Ziegler et al. 2019)."""
+    kl_target: float = 6.0
+    """Target KL(pi || ref) per response (nats) of the adaptive controller."""
+    kl_horizon: int = 10000
+    """Horizon (in episodes) of the adaptive controller."""
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 0.95
+    """GAE lambda."""
+    clip_range: float = 0.2
+    """Policy ratio clip range epsilon."""
+    clip_range_value: float | None = 0.2
+    """Value clip range around the rollout values; None = unclipped value loss."""
+    vf_coef: float = 0.1
+    """Weight of the value loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    whiten_advantages: bool = True
+    """Normalise advantages over each rollout batch."""
+    missing_eos_penalty: float | None = None
+    """Subtract this from the score of responses without EOS; None = no penalty."""
+    missing_eos_replace: bool = False
+    """Set such scores to -missing_eos_penalty instead (lm-human-preferences)."""
+    score_normalize: Literal["none", "scale", "standardize"] = "none"
+    """Divide scores by their running std ('scale'), also subtract the running mean."""
+    score_clip: float | None = None
+    """Clip processed scores to [-score_clip, score_clip]; None = no clipping."""
+    ptx_coef: float = 0.0
+    """Weight of the language-model loss on `ptx_data` (InstructGPT's PPO-ptx); 0 = off."""
+    ptx_data: str | None = None
+    """Demonstrations or pretraining text (prompt/response records) for the ptx term."""
+    ptx_max_length: int = 256
+    """Token budget of each ptx example."""
+    lora: bool = False
+    """Train LoRA adapters on policy and critic; the reference is the policy, adapter off."""
+    lora_r: int = 8
+    """LoRA rank."""
+    lora_alpha: int = 16
+    """LoRA alpha (scale alpha / r)."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: list[str] | None = None
+    """Modules to adapt; None = peft's default for the architecture."""
+    disable_dropout: bool = True
+    """Turn dropout off in every model, so the importance ratio starts at exactly 1 (as TRL)."""
+    attn_implementation: Literal["eager", "sdpa"] | None = None
+    """Attention kernel of policy, reference and critic; None keeps the model's. On CPU with
+    bf16 and short sequences 'eager' is fastest (torch's CPU flash-attention backward in bf16
+    is several times slower than its fp32 one)."""
+    forward_batch_size: int | None = None
+    """Rows per no-grad forward pass in the rollout; None = the whole rollout batch."""
+    sample_every: int = 10
+    """Log sample texts (prompt, response, score) every this many iterations."""
+    num_samples: int = 4
+    """Samples logged each time."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive = (
+            "max_prompt_length",
+            "rollout_batch_size",
+            "ppo_epochs",
+            "max_new_tokens",
+            "kl_horizon",
+            "ptx_max_length",
+            "lora_r",
+            "lora_alpha",
+            "sample_every",
+        )
+        for name in positive:
+            _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        _require(
+            self, "iterations", self.iterations is None or self.iterations >= 1, "None or >= 1"
+        )
+        _require(self, "max_steps", self.max_steps is None, "None (PPO counts `iterations`)")
+        _require(
+            self, "eval_every", self.eval_every == 0, "0 (evaluate PPO with `rlhfkit evaluate`)"
+        )
+        _require(
+            self,
+            "rollout_batch_size",
+            self.rollout_batch_size % self.effective_batch_size == 0,
+            f"a multiple of batch_size * gradient_accumulation_steps = {self.effective_batch_size}",
+        )
+        _require(self, "temperature", self.temperature > 0, "a number > 0")
+        _require(self, "top_k", self.top_k >= 0, "an integer >= 0 (0 = off)")
+        _require(self, "top_p", 0 < self.top_p <= 1, "a number in (0, 1]")
+        _require(self, "kl_coef", self.kl_coef >= 0, "a number >= 0")
+        _require(self, "kl_target", self.kl_target > 0, "a number > 0")
+        _require(self, "gamma", 0 <= self.gamma <= 1, "a number in [0, 1]")
+        _require(self, "lam", 0 <= self.lam <= 1, "a number in [0, 1]")
+        _require(self, "clip_range", self.clip_range > 0, "a number > 0")
+        value_clip = self.clip_range_value
+        _require(self, "clip_range_value", value_clip is None or value_clip > 0, "None or > 0")
+        for name in ("vf_coef", "entropy_coef", "ptx_coef", "lora_dropout"):
+            _require(self, name, getattr(self, name) >= 0, "a number >= 0")
+        penalty = self.missing_eos_penalty
+        _require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
+        _require(
+            self,
+            "missing_eos_replace",
+            not self.missing_eos_replace or penalty is not None,
+            "False unless missing_eos_penalty is set",
+        )
+        _require(self, "score_clip", self.score_clip is None or self.score_clip > 0, "None or > 0")
+        _require(
+            self, "ptx_data", self.ptx_coef == 0 or bool(self.ptx_data), "a path when ptx_coef > 0"
+        )
+        _require(
+            self,
+            "reward_model",
+            self.reward_model is not None or bool(self.reward_functions),
+            "a directory, unless reward_functions are given",
+        )
+        n_scorers = (self.reward_model is not None) + len(self.reward_functions)
+        _require(
+            self,
+            "reward_weights",
+            self.reward_weights is None or len(self.reward_weights) == n_scorers,
+            f"None or {n_scorers} numbers (one per scorer: reward_model, *reward_functions)",
+        )
+        _require(
+            self,
+            "forward_batch_size",
+            self.forward_batch_size is None or self.forward_batch_size >= 1,
+            "None or >= 1",
+        )
+        _require(
+            self,
+            "attn_implementation",
+            self.attn_implementation in (None, "eager", "sdpa"),
+            "None, 'eager' or 'sdpa'",
+        )
+
+    @property
+    def rollout_settings(self) -> RolloutSettings:
+        """How each iteration's experience is made."""
+        return RolloutSettings(
+            sampling=SamplingConfig(self.max_new_tokens, self.temperature, self.top_k, self.top_p),
+            kl_estimator=self.kl_estimator,
+            gamma=self.gamma,
+            lam=self.lam,
+            whiten_advantages=self.whiten_advantages,
+            scores=ScoreOptions(
+                self.missing_eos_penalty,
+                self.missing_eos_replace,
+                self.score_normalize,
+                self.score_clip,
+            ),
+            forward_batch_size=self.forward_batch_size,
+        )
+
+    @property
+    def lora_settings(self) -> dict | None:
+        """``models.add_lora`` keyword arguments, or None without LoRA."""
+        if not self.lora:
+            return None
+        return {
+            "r": self.lora_r,
+            "alpha": self.lora_alpha,
+            "dropout": self.lora_dropout,
+            "target_modules": self.lora_target_modules,
+        }
+
+    @property
+    def minibatch_size(self) -> int:
+        """Sequences per optimiser step."""
+        return self.effective_batch_size
+
+    @property
+    def num_mini_batches(self) -> int:
+        """Optimiser steps per PPO epoch."""
+        return self.rollout_batch_size // self.minibatch_size
+
+    def total_iterations(self, num_prompts: int) -> int:
+        """PPO iterations of the run for a prompt set of `num_prompts`."""
+        if self.iterations is not None:
+            return self.iterations
+        return max(self.num_epochs * num_prompts // self.rollout_batch_size, 1)
+
+    def total_optimizer_steps(self, num_prompts: int) -> int:
+        """Optimiser steps of the run (the LR schedule's length)."""
+        return self.total_iterations(num_prompts) * self.ppo_epochs * self.num_mini_batches

@@ -1,0 +1,207 @@
+"""Reward model on comparisons and K-way rankings: InstructGPT step 2 (Ouyang et al. 2022, eq. 1).
+
+A `RewardModel` (causal-LM backbone + linear head read at the last real token, from
+`rlhfkit.models`) scores every prompt + response. `PairCollator` lays a batch out rank-major, so
+one forward pass scores all responses and `ranked_scores` turns them into a best-first (N, K)
+table. Loss, by batch content:
+
+- only pairs (K = 2): the configured pairwise loss, `-log sigmoid(r_chosen - r_rejected -
+  margin)` or Coati's `log(1 + exp(r_rejected - r_chosen))` (`ops.losses`);
+- any ranking with K > 2: InstructGPT's ranking loss over all C(K, 2) pairs of each prompt,
+  each prompt weighted once (`ops.losses.ranking_loss`; pairs in the same batch count as
+  prompts with K = 2). The margin and the log-exp form do not apply there.
+
+Evaluation: pairwise accuracy and mean margin over every (better, worse) pair, plus for K > 2
+data the ranking accuracy (share of a ranking's pairs ordered right) and the share of rankings
+reproduced exactly. Optional InstructGPT normalisation: after training, the head's bias is
+shifted so that the demonstrations in `normalize_data` score 0 on average, which gives PPO
+rewards centred on what the SFT policy already writes.
+
+Departures from TRL's RewardTrainer: rankings are not expanded into independent pairs, and the
+model is saved as backbone + `score_head.safetensors` (see `rlhfkit.models`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import set_seed
+
+from rlhfkit.config import RewardConfig
+from rlhfkit.data import (
+    PairCollator,
+    PreferenceExample,
+    SFTCollator,
+    SFTExample,
+    encode_comparisons,
+    encode_demonstrations,
+    load_records,
+    ranked_scores,
+)
+from rlhfkit.models import RewardModel, load_tokenizer
+from rlhfkit.ops.losses import pairwise_logexp_loss, pairwise_logsigmoid_loss, ranking_loss
+from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.trainers.loop import Batch, Trainer
+
+logger = logging.getLogger(__name__)
+
+
+def pair_table(scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Margins r_better - r_worse of every pair within each row, and which pairs are real.
+
+    Args:
+        scores: (N, K) best-first scores; valid: (N, K) which responses exist.
+
+    Returns:
+        margins (N, P) and pair_valid (N, P) bool, P = K (K - 1) / 2, pairs in
+        `torch.triu_indices` order (the order `ops.losses.ranking_loss` uses).
+    """
+    k = scores.shape[1]
+    better, worse = torch.triu_indices(k, k, offset=1, device=scores.device)  # (P,) each
+    margins = scores[:, better] - scores[:, worse]  # (N, P)
+    pair_valid = valid[:, better].bool() & valid[:, worse].bool()  # (N, P)
+    return margins, pair_valid
+
+
+def ranking_metrics(scores: torch.Tensor, valid: torch.Tensor) -> dict[str, float]:
+    """Accuracy and margin of a best-first score table (see the module docstring).
+
+    `accuracy` and `margin` average over all real pairs; `ranking_accuracy` averages the share
+    of correctly ordered pairs per ranking with K > 2, and `ranking_exact` is the share of those
+    rankings whose every pair is ordered right (both NaN-free: omitted without K > 2 rows).
+    """
+    margins, pair_valid = pair_table(scores, valid)
+    correct = (margins > 0) & pair_valid  # (N, P)
+    metrics = {
+        "accuracy": (correct.sum() / pair_valid.sum().clamp(min=1)).item(),
+        "margin": (
+            margins[pair_valid].mean() if pair_valid.any() else margins.new_zeros(())
+        ).item(),
+    }
+    pairs_per_row = pair_valid.sum(1)  # (N,)
+    ranked = pairs_per_row > 1  # rows with K > 2 responses
+    if ranked.any():
+        share = correct.sum(1)[ranked] / pairs_per_row[ranked]  # (N_ranked,)
+        metrics["ranking_accuracy"] = share.float().mean().item()
+        metrics["ranking_exact"] = (share == 1).float().mean().item()
+    return metrics
+
+
+class RewardTrainer(Trainer):
+    """Train a `RewardModel` on `PreferenceExample`s (pairs or best-first rankings)."""
+
+    plot_keys = ("train/loss", "train/accuracy", "train/margin", "train/lr")
+
+    def __init__(
+        self,
+        config: RewardConfig,
+        model: RewardModel,
+        tokenizer: Any,
+        train_examples: Sequence[PreferenceExample],
+        eval_examples: Sequence[PreferenceExample] = (),
+        *,
+        normalize_examples: Sequence[SFTExample] = (),
+        **kwargs: Any,
+    ) -> None:
+        self.collate = PairCollator(pad_id=tokenizer.pad_token_id)
+        super().__init__(config, model, train_examples, self.collate, tokenizer=tokenizer, **kwargs)
+        self.eval_examples = eval_examples
+        self.normalize_examples = normalize_examples
+
+    def score_table(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Best-first (N, K) scores of a `PairCollator` batch and its (N, K) valid mask."""
+        scores = self.model(batch["input_ids"], batch["attention_mask"])  # (R,)
+        return ranked_scores(scores.float(), batch["group"], batch["rank"])
+
+    def preference_loss(self, table: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """The configured pairwise loss for pairs, the K-way ranking loss otherwise."""
+        if table.shape[1] > 2:
+            return ranking_loss(table, valid)
+        chosen, rejected = table[:, 0], table[:, 1]  # (N,) each
+        if self.config.loss == "logexp":
+            return pairwise_logexp_loss(chosen, rejected)
+        margin = None if self.config.margin is None else torch.full_like(chosen, self.config.margin)
+        return pairwise_logsigmoid_loss(chosen, rejected, margin)
+
+    def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
+        table, valid = self.score_table(batch)
+        loss = self.preference_loss(table, valid)
+        with torch.no_grad():
+            metrics = ranking_metrics(table, valid)
+            metrics["score_best"] = table[:, 0].mean().item()
+        return loss, metrics
+
+    def evaluate(self) -> dict[str, float]:
+        if not self.eval_examples:
+            return {}
+        tables, valids = [], []
+        for batch in self.eval_batches(self.eval_examples, self.collate):
+            table, valid = self.score_table(batch)
+            tables.append(table)
+            valids.append(valid)
+        # Batches may differ in K: pad every table to the largest K with invalid entries.
+        k = max(t.shape[1] for t in tables)
+        table = torch.cat([torch.nn.functional.pad(t, (0, k - t.shape[1])) for t in tables])
+        valid = torch.cat([torch.nn.functional.pad(v, (0, k - v.shape[1])) for v in valids])
+        return ranking_metrics(table, valid)
+
+    def on_train_end(self) -> None:
+        """InstructGPT normalisation: shift the head's bias so the demonstrations score 0."""
+        if not self.normalize_examples:
+            return
+        model = self.unwrapped_model
+        model.eval()
+        scores = []
+        with torch.no_grad(), self.accelerator.autocast():
+            collate = SFTCollator(pad_id=self.tokenizer.pad_token_id)
+            for batch in self.eval_batches(self.normalize_examples, collate):
+                scores.append(model(batch["input_ids"], batch["attention_mask"]).float())
+        mean = torch.cat(scores).mean()
+        with torch.no_grad():
+            model.score.bias -= mean.to(model.score.bias.dtype)
+        model.train()
+        logger.info("reward normalised: demonstrations' mean score %.4f shifted to 0", mean)
+        if self.tracker is not None:
+            self.tracker.log({"eval/normalization_shift": -mean.item()}, self.state.step)
+
+
+def load_preferences(
+    source: str, tokenizer: Any, config: RewardConfig, split: str, limit: int | None
+) -> list[PreferenceExample]:
+    """Comparisons or rankings of `source`, tokenised (truncation is logged by `rlhfkit.data`)."""
+    records = load_records(source, "comparisons", split=split, columns=config.columns, limit=limit)
+    examples, _ = encode_comparisons(records, tokenizer, config.max_length)
+    return examples
+
+
+def run_reward(config: RewardConfig) -> Path:
+    """Load backbone, tokenizer and data from `config`, train, and return the final model's dir."""
+    if config.resume and ckpt.is_complete(config.output_dir):
+        logger.info("%s is already complete; nothing to do", config.output_dir)
+        return config.final_dir
+    set_seed(config.seed)  # the new head's initial weights
+    tokenizer = load_tokenizer(config.model)
+    model = RewardModel.from_pretrained(config.model)
+    embeddings = model.backbone.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > embeddings:  # load_tokenizer added a pad token the backbone lacks
+        model.backbone.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    train = load_preferences(
+        config.train_data, tokenizer, config, config.train_split, config.max_train_samples
+    )
+    evaluation, normalize = [], []
+    if config.eval_data:
+        evaluation = load_preferences(
+            config.eval_data, tokenizer, config, config.eval_split, config.max_eval_samples
+        )
+    if config.normalize_data:
+        records = load_records(config.normalize_data, "demonstrations", split=config.train_split)
+        normalize, _ = encode_demonstrations(records, tokenizer, config.max_length)
+    trainer = RewardTrainer(
+        config, model, tokenizer, train, evaluation, normalize_examples=normalize
+    )
+    trainer.train()
+    return config.final_dir

@@ -1,0 +1,117 @@
+"""Supervised fine-tuning on demonstrations: InstructGPT step 1 (Ouyang et al. 2022, sec. 3.5).
+
+The loss is the negative log-likelihood of the response tokens only (EOS included): prompt and
+padding positions carry label -100 (`rlhfkit.data.encode_demonstrations`, `SFTCollator`) and
+are masked out. Log-probs come from `ops.logprobs.shifted_logprobs` (logits at t score token
+t + 1), averaged with `ops.masks.masked_mean` over all response tokens of the micro-batch, as
+TRL's completion-only SFT does. Evaluation reports the held-out response NLL per token (summed
+over the whole eval set, then divided by its response-token count) and its perplexity.
+
+Departures from InstructGPT: no fixed epoch count or residual dropout schedule is imposed
+(both are config fields of the shared loop).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import set_seed
+
+from rlhfkit.config import SFTConfig
+from rlhfkit.data import (
+    IGNORE_INDEX,
+    SFTCollator,
+    SFTExample,
+    encode_demonstrations,
+    load_records,
+)
+from rlhfkit.models import load_causal_lm, load_tokenizer
+from rlhfkit.ops.logprobs import shifted_logprobs
+from rlhfkit.ops.masks import masked_mean, masked_sum
+from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.trainers.loop import Batch, Trainer
+
+logger = logging.getLogger(__name__)
+
+
+def response_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of the next token at every position, and the mask of response tokens.
+
+    Returns `logprobs` (B, T-1) (token t + 1 given tokens up to t) and `mask` (B, T-1), true
+    where token t + 1 is a response token.
+    """
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    logprobs = shifted_logprobs(logits, batch["input_ids"])  # (B, T-1)
+    mask = batch["labels"][:, 1:] != IGNORE_INDEX  # (B, T-1)
+    return logprobs, mask
+
+
+class SFTTrainer(Trainer):
+    """Fine-tune a causal LM on demonstrations; loss on response tokens only."""
+
+    plot_keys = ("train/loss", "train/lr", "train/grad_norm")
+
+    def __init__(
+        self,
+        config: SFTConfig,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        train_examples: Sequence[SFTExample],
+        eval_examples: Sequence[SFTExample] = (),
+        **kwargs: Any,
+    ) -> None:
+        self.collate = SFTCollator(pad_id=tokenizer.pad_token_id)
+        super().__init__(config, model, train_examples, self.collate, tokenizer=tokenizer, **kwargs)
+        self.eval_examples = eval_examples
+
+    def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
+        logprobs, mask = response_logprobs(self.model, batch)
+        loss = -masked_mean(logprobs, mask)  # mean NLL over the micro-batch's response tokens
+        return loss, {"response_tokens": mask.sum()}
+
+    def evaluate(self) -> dict[str, float]:
+        if not self.eval_examples:
+            return {}
+        nll, tokens = 0.0, 0
+        for batch in self.eval_batches(self.eval_examples, self.collate):
+            logprobs, mask = response_logprobs(self.model, batch)
+            nll -= masked_sum(logprobs, mask).item()
+            tokens += int(mask.sum())
+        nll_per_token = nll / max(tokens, 1)
+        return {"nll": nll_per_token, "perplexity": math.exp(min(nll_per_token, 50.0))}
+
+
+def load_demonstrations(
+    source: str, tokenizer: Any, config: SFTConfig, split: str, limit: int | None
+) -> list[SFTExample]:
+    """Records of `source` tokenised for SFT (truncation is logged by `rlhfkit.data`)."""
+    records = load_records(
+        source, "demonstrations", split=split, columns=config.columns, limit=limit
+    )
+    examples, _ = encode_demonstrations(records, tokenizer, config.max_length)
+    return examples
+
+
+def run_sft(config: SFTConfig) -> Path:
+    """Load model, tokenizer and data from `config`, train, and return the final model's dir."""
+    if config.resume and ckpt.is_complete(config.output_dir):
+        logger.info("%s is already complete; nothing to do", config.output_dir)
+        return config.final_dir
+    set_seed(config.seed)
+    tokenizer = load_tokenizer(config.model)
+    model = load_causal_lm(config.model, tokenizer=tokenizer)
+    train = load_demonstrations(
+        config.train_data, tokenizer, config, config.train_split, config.max_train_samples
+    )
+    evaluation = []
+    if config.eval_data:
+        evaluation = load_demonstrations(
+            config.eval_data, tokenizer, config, config.eval_split, config.max_eval_samples
+        )
+    SFTTrainer(config, model, tokenizer, train, evaluation).train()
+    return config.final_dir

@@ -1,0 +1,97 @@
+"""`rlhfkit` CLI: command listing, documented options, config errors, and both training
+commands end to end in a subprocess on tiny data and a tiny model."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlhfkit.cli import COMMANDS, main
+from rlhfkit.config import RewardConfig
+from rlhfkit.models import RewardModel
+
+
+def test_top_level_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert name in out
+    assert "reward" in out  # alias of rm
+
+
+def test_command_help_documents_fields(capsys):
+    with pytest.raises(SystemExit):
+        main(["rm", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # undo line wrapping
+    assert "--margin MARGIN Margin the chosen reward must exceed" in out
+    assert "--normalize_data" in out and "--config CONFIG" in out
+
+
+def test_config_error_names_field(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["reward", "--learning_rate", "0"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "RewardConfig.learning_rate = 0.0 is not allowed: expected a number > 0" in err
+
+
+def test_unknown_command_fails(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["sftt"])
+    assert info.value.code == 2
+    assert "invalid choice: 'sftt'" in capsys.readouterr().err
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _cli(*args, cwd):
+    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
+    result = subprocess.run(
+        [sys.executable, "-m", "rlhfkit.cli", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_sft_and_rm_commands_train_and_save(tiny_model_dir, tmp_path):
+    demos = [{"prompt": f"Q: {i} plus one?", "response": f" A: {i + 1}"} for i in range(12)]
+    pairs = [
+        {"prompt": f"Q: {i} plus one?", "chosen": f" {i + 1}", "rejected": f" {i + 2}"}
+        for i in range(12)
+    ]
+    sft_yaml = tmp_path / "sft.yaml"
+    sft_yaml.write_text(
+        f"model: {tiny_model_dir}\ntrain_data: {_write_jsonl(tmp_path / 'd.jsonl', demos)}\n"
+        "eval_data: null\nbatch_size: 4\nmax_length: 32\n"
+    )
+    out = _cli(
+        "sft", "--config", str(sft_yaml), "--output_dir", "runs/sft", "--max_steps", "2",
+        "--cpu", "true", "--tensorboard", "false", cwd=tmp_path,
+    )  # fmt: skip
+    final = tmp_path / "runs" / "sft" / "final"
+    assert str(final) in out
+    AutoModelForCausalLM.from_pretrained(final)
+
+    # The reward model starts from the SFT model, as in InstructGPT.
+    out = _cli(
+        "rm", "--model", str(final), "--output_dir", "runs/rm", "--max_steps", "2",
+        "--train_data", _write_jsonl(tmp_path / "c.jsonl", pairs), "--eval_data", "null",
+        "--batch_size", "4", "--max_length", "32", "--cpu", "true", cwd=tmp_path,
+    )  # fmt: skip
+    rm_final = tmp_path / "runs" / "rm" / "final"
+    assert str(rm_final) in out
+    model = RewardModel.from_pretrained(rm_final)
+    assert torch.isfinite(model.score.weight).all()
+    saved = json.loads((rm_final / "trainer_state.json").read_text())
+    assert saved["complete"] and saved["config"]["model"] == str(final)
+    assert RewardConfig(**saved["config"]).max_steps == 2

@@ -1,0 +1,243 @@
+"""DPO trainer: sequence log-probs, reference handling (precomputed, on the fly, LoRA), learning.
+
+The toy task is separable by one token: the chosen response ends with "!", the rejected one is
+the same words ending with "?". Held-out pairs use subject/verb combinations never trained on.
+"""
+
+import math
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from conftest import _OBJECTS, _SUBJECTS, _VERBS
+from rlhfkit.config import ConfigError, DPOConfig
+from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
+from rlhfkit.trainers.dpo import (
+    DPOCollator,
+    DPOPair,
+    DPOTrainer,
+    disable_dropout,
+    preference_pairs,
+    sequence_logps,
+)
+
+
+def _toy_pairs(tokenizer):
+    rng = random.Random(0)
+    records = [
+        Comparison(f"{s.capitalize()} {v}", f" {o}!", f" {o}?")
+        for s in _SUBJECTS
+        for v in _VERBS
+        for o in [rng.choice(_OBJECTS)]
+    ]
+    rng.shuffle(records)
+    pairs = preference_pairs(encode_comparisons(records, tokenizer, 64)[0])
+    return pairs[:40], pairs[40:]
+
+
+def _config(tmp_path, **overrides):
+    fields = dict(
+        model="unused",
+        output_dir=str(tmp_path / "dpo"),
+        train_data="unused",
+        eval_data=None,
+        batch_size=8,
+        eval_batch_size=16,
+        max_steps=20,
+        learning_rate=1e-3,
+        lr_scheduler="constant",
+        log_every=5,
+        cpu=True,
+        tensorboard=False,
+        resume=False,
+    )
+    fields.update(overrides)
+    return DPOConfig(**fields)
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_sequence_logps_equal_a_plain_loop_over_unpadded_rows(tiny_model, tiny_tokenizer):
+    disable_dropout(tiny_model).eval()
+    examples = [
+        PreferenceExample([5, 6, 7], [[8, 9, 0], [10, 0]]),
+        PreferenceExample([11], [[12, 13, 14, 15, 0], [16, 17, 0]]),
+    ]
+    batch = PairCollator(tiny_tokenizer.pad_token_id)(examples)
+    with torch.no_grad():
+        summed = sequence_logps(tiny_model, batch)
+        averaged = sequence_logps(tiny_model, batch, average=True)
+    rows = [(e.prompt_ids, r) for k in range(2) for e in examples for r in [e.response_ids[k]]]
+    for i, (prompt, response) in enumerate(rows):
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            logp = tiny_model(ids).logits[0].log_softmax(-1)  # (T, V)
+        picked = [float(logp[len(prompt) + t - 1, tok]) for t, tok in enumerate(response)]
+        assert float(summed[i]) == pytest.approx(sum(picked), abs=1e-4)
+        assert float(averaged[i]) == pytest.approx(sum(picked) / len(picked), abs=1e-5)
+
+
+def test_rankings_become_all_pairs_better_first():
+    ranking = PreferenceExample([1], [[2], [3], [4]])  # best first
+    pairs = preference_pairs([ranking])
+    assert [p.example.response_ids for p in pairs] == [[[2], [3]], [[2], [4]], [[3], [4]]]
+
+
+def test_ranking_record_is_encoded_best_first(tiny_tokenizer):
+    record = Ranking("A cat", [" sees it.", " likes it.", " helps."], [2, 0, 1])
+    (example,), _ = encode_comparisons([record], tiny_tokenizer, 32)
+    best = tiny_tokenizer(" helps.")["input_ids"] + [tiny_tokenizer.eos_token_id]
+    assert preference_pairs([example])[0].example.response_ids[0] == best
+
+
+def test_collator_orders_reference_logps_like_rows():
+    pairs = [
+        DPOPair(PreferenceExample([1], [[2], [3]]), (-1.0, -2.0)),
+        DPOPair(PreferenceExample([1], [[4], [5]]), (-3.0, -4.0)),
+    ]
+    batch = DPOCollator(pad_id=0)(pairs)
+    assert batch["ref_logps"].tolist() == [-1.0, -3.0, -2.0, -4.0]
+    assert "ref_logps" not in DPOCollator(pad_id=0)([DPOPair(pairs[0].example)])
+
+
+def test_first_step_starts_at_ln2_and_precomputed_reference_matches_on_the_fly(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    train, _ = _toy_pairs(tiny_tokenizer)
+    results = []
+    for precompute in (True, False):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        config = _config(tmp_path, precompute_reference=precompute)
+        trainer = DPOTrainer(config, model, tiny_tokenizer, train)
+        batch = trainer.collate_fn([trainer.train_data[i] for i in range(8)])
+        assert ("ref_logps" in batch) == precompute
+        assert (trainer.reference is None) == precompute  # precomputing frees the reference
+        ref = batch["ref_logps"] if precompute else trainer.reference_logps(batch)
+        loss, metrics = trainer.compute_loss(batch)
+        results.append(ref)
+        assert float(loss) == pytest.approx(math.log(2), abs=1e-5)
+        assert float(metrics["margin"]) == pytest.approx(0.0, abs=1e-5)
+    torch.testing.assert_close(results[0], results[1], atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_dpo_learns_separable_pairs_and_the_reference_does_not_move(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    train, held_out = _toy_pairs(tiny_tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    before = _params(reference)
+    config = _config(tmp_path, precompute_reference=False)
+    trainer = DPOTrainer(config, model, tiny_tokenizer, train, held_out, reference=reference)
+    start = trainer.run_evaluation()
+    trainer.train()
+    end = trainer.state.eval_metrics
+    assert start["accuracy"] == 0.0 and start["margin"] == pytest.approx(0.0, abs=1e-5)
+    assert end["accuracy"] >= 0.9
+    assert end["margin"] > 0.5
+    assert end["loss"] < 0.45
+    for name, value in _params(reference).items():
+        assert torch.equal(value, before[name]), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_type", ["ipo", "conservative"])
+def test_variants_learn_with_precomputed_reference(
+    loss_type, tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    train, held_out = _toy_pairs(tiny_tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    smoothing = 0.1 if loss_type == "conservative" else 0.0
+    config = _config(tmp_path, loss_type=loss_type, label_smoothing=smoothing, max_steps=15)
+    trainer = DPOTrainer(config, model, tiny_tokenizer, train, held_out)
+    start = trainer.run_evaluation()
+    trainer.train()
+    end = trainer.state.eval_metrics
+    assert end["accuracy"] >= 0.9
+    assert end["margin"] > 0.1
+    assert end["loss"] < start["loss"] * 0.8
+
+
+@pytest.mark.slow
+def test_lora_reference_is_the_model_with_its_adapter_disabled(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    train, held_out = _toy_pairs(tiny_tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    base = _params(model)
+    config = _config(
+        tmp_path, lora=True, precompute_reference=False, max_steps=10, learning_rate=1e-2
+    )
+    trainer = DPOTrainer(config, model, tiny_tokenizer, train, held_out)
+    batch = trainer.collate_fn(held_out[:8])
+    ref_before = trainer.reference_logps(batch)
+    trainer.train()
+    end = trainer.state.eval_metrics
+    torch.testing.assert_close(trainer.reference_logps(batch), ref_before, atol=1e-4, rtol=0)
+    assert end["margin"] > 0.1
+    # Only the adapter trained: the base weights are exactly the loaded ones.
+    peft_state = trainer.unwrapped_model.get_base_model().state_dict()
+    for name, value in base.items():
+        key = next(k for k in peft_state if k.replace(".base_layer", "") == name)
+        assert torch.equal(peft_state[key], value), name
+    # final/ is the merged model, loadable as a plain causal LM with the trained behaviour;
+    # the checkpoint holds the adapter, which resume loads back.
+    with torch.no_grad():
+        trained = sequence_logps(trainer.model, batch)
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "dpo" / "final")
+        torch.testing.assert_close(sequence_logps(merged, batch), trained, atol=1e-4, rtol=0)
+        fresh = DPOTrainer(
+            config, AutoModelForCausalLM.from_pretrained(tiny_model_dir), tiny_tokenizer, train
+        )
+        fresh.load_model_weights(tmp_path / "dpo" / "checkpoint-10")
+        torch.testing.assert_close(sequence_logps(fresh.model, batch), trained, atol=1e-5, rtol=0)
+
+
+def test_resume_with_precomputed_reference_equals_an_uninterrupted_run(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    # A resumed run precomputes the reference from the starting weights again, before the
+    # checkpoint is loaded, so the reference log-probs and the trajectory match.
+    train, _ = _toy_pairs(tiny_tokenizer)
+
+    def trainer(out, **overrides):
+        config = _config(tmp_path, output_dir=str(tmp_path / out), max_steps=4, **overrides)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        return DPOTrainer(config, model, tiny_tokenizer, train)
+
+    straight = trainer("a")
+    straight.train()
+    trainer("b").train(stop_after=2)
+    resumed = trainer("b", resume=True)
+    resumed.train()
+    for (name, a), b in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_disable_dropout_makes_train_mode_deterministic(tiny_model):
+    ids = torch.tensor([[5, 6, 7, 8]])
+    tiny_model.train()
+    disable_dropout(tiny_model)
+    torch.testing.assert_close(tiny_model(ids).logits, tiny_model(ids).logits)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"beta": 0.0}, "beta"),
+        ({"loss_type": "hinge"}, "loss_type"),
+        ({"loss_type": "conservative"}, "label_smoothing"),
+        ({"label_smoothing": 0.1}, "label_smoothing"),
+        ({"lora": True, "reference": "some/model"}, "reference"),
+    ],
+)
+def test_config_errors_name_the_field(fields, field):
+    with pytest.raises(ConfigError, match=f"DPOConfig.{field} = "):
+        DPOConfig(**fields)

@@ -1,0 +1,218 @@
+"""GRPO / RLOO trainer: group advantages, the loss against a plain loop, learning a trivially
+learnable reward with the reference unchanged, LoRA reference, the command end to end."""
+
+import json
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from conftest import tiny_corpus
+from rlhfkit.config import ConfigError, GRPOConfig, RLOOConfig
+from rlhfkit.data import PromptCollator
+from rlhfkit.ops.advantages import group_advantages
+from rlhfkit.rewards import Scorer
+from rlhfkit.trainers.grpo import GRPOTrainer, group_baseline_advantages, run_grpo
+
+TARGETS = range(10, 50)  # 40 of ~400 token ids: about 10% of random tokens hit at the start
+
+
+class TargetFraction(Scorer):
+    """Share of the response's real tokens that are target ids; remembers the last batch."""
+
+    name = "target_fraction"
+
+    def score(self, batch):
+        self.last = batch
+        real = batch.response_mask != 0
+        hits = (batch.response >= TARGETS.start) & (batch.response < TARGETS.stop) & real
+        return hits.sum(1).float() / real.sum(1)
+
+
+def _lm(tokenizer, seed=0):
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        n_positions=64,
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config)
+
+
+def _prompts(tokenizer, n=64):
+    return [tokenizer(line)["input_ids"][:6] for line in tiny_corpus(n)]
+
+
+def _config(tmp_path, **overrides):
+    values = dict(
+        model="unused",
+        train_data="unused",
+        output_dir=str(tmp_path / "run"),
+        reward_functions=["unused:unused"],
+        batch_size=4,
+        num_generations=4,
+        max_new_tokens=8,
+        max_steps=20,
+        learning_rate=3e-3,
+        lr_scheduler="constant",
+        log_every=5,
+        sample_every=10,
+        cpu=True,
+        tensorboard=False,
+        resume=False,
+        seed=0,
+    )
+    return GRPOConfig(**{**values, **overrides})
+
+
+def test_advantage_dispatch_by_hand(tmp_path):
+    scores = torch.tensor([1.0, 2.0, 3.0, 6.0])
+    std = (14 / 3) ** 0.5  # unbiased std of the group
+    grpo = group_baseline_advantages(scores, _config(tmp_path))
+    torch.testing.assert_close(grpo, (scores - 3.0) / (std + 1e-6))
+    dr_grpo = group_baseline_advantages(scores, _config(tmp_path, scale_rewards=False))
+    torch.testing.assert_close(dr_grpo, scores - 3.0)
+    rloo = group_baseline_advantages(scores, _config(tmp_path, advantage="rloo"))
+    torch.testing.assert_close(rloo, torch.tensor([1 - 11 / 3, 2 - 10 / 3, 0.0, 4.0]))
+
+
+def test_loss_and_gradient_equal_a_plain_loop(tiny_tokenizer, tmp_path):
+    scorer = TargetFraction()
+    beta = 0.1
+    prompts = _prompts(tiny_tokenizer)
+    reference = _lm(tiny_tokenizer, seed=1)  # differs from the policy: the KL term is not 0
+    trainer = GRPOTrainer(
+        _config(tmp_path, beta=beta),
+        _lm(tiny_tokenizer),
+        tiny_tokenizer,
+        prompts,
+        scorer,
+        reference=reference,
+    )
+    batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
+    loss, metrics = trainer.compute_loss(batch)
+    loss.backward()
+    weight = trainer.model.transformer.wte.weight
+    grad = weight.grad.clone()
+    weight.grad = None
+
+    # The same loss, one unpadded row at a time. The surrogate at ratio 1 has the value
+    # -sum_i A_i len_i / tokens and the gradient of -sum_i A_i sum_t logp_it / tokens; the
+    # KL term is beta * sum_it k3_it / tokens with k3 = exp(ref - logp) - (ref - logp) - 1.
+    samples = scorer.last
+    advantages = group_advantages(scorer.score(samples), 4)
+    lengths = samples.response_mask.sum(1)
+    surrogate, kl = torch.zeros(()), torch.zeros(())
+    for i in range(len(advantages)):
+        prompt = samples.query[i][samples.query_mask[i] != 0]
+        response = samples.response[i, : lengths[i]]
+        ids = torch.cat([prompt, response])[None]
+        rows = slice(len(prompt) - 1, -1)  # logits at t predict token t + 1
+        logp = trainer.model(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
+        with torch.no_grad():
+            ref = reference(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
+        surrogate = surrogate - advantages[i] * logp.sum()
+        kl = kl + (torch.exp(ref - logp) - (ref - logp) - 1).sum()
+    ((surrogate + beta * kl) / lengths.sum()).backward()
+    expected_value = (-(advantages * lengths).sum() + beta * kl.detach()) / lengths.sum()
+    assert float(loss) == pytest.approx(float(expected_value), abs=1e-5)
+    assert float(metrics["kl"]) == pytest.approx(float(kl / lengths.sum()), rel=1e-4)
+    assert float(metrics["kl"]) > 0.01
+    torch.testing.assert_close(grad, weight.grad, atol=1e-6, rtol=1e-4)
+    assert float(metrics["ratio"]) == pytest.approx(1.0) and float(metrics["clipfrac"]) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("advantage", ["grpo", "rloo"])
+def test_learns_a_trivial_reward_and_the_reference_does_not_move(
+    advantage, tiny_tokenizer, tmp_path
+):
+    prompts = _prompts(tiny_tokenizer)
+    config = _config(tmp_path, advantage=advantage)
+    trainer = GRPOTrainer(
+        config, _lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction(), prompts[:32]
+    )
+    before = {k: v.clone() for k, v in trainer.reference.state_dict().items()}
+    start = trainer.run_evaluation()["score"]
+    trainer.train()
+    end = trainer.state.eval_metrics["score"]
+    assert start < 0.12
+    assert end > 0.16 and end > 1.8 * start
+    for name, value in trainer.reference.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    kls = [row["train/kl"] for row in logged if "train/kl" in row]
+    assert kls[-1] > kls[0] > 0  # the policy moved away from the reference, and it is measured
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
+    assert {s["step"] for s in samples} == {1, 10, 20}
+    assert {"prompt", "response", "score", "advantage"} <= set(samples[0])
+
+
+def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
+    prompts = _prompts(tiny_tokenizer)
+    lm = _lm(tiny_tokenizer)
+    base = {k: v.clone() for k, v in lm.state_dict().items()}
+    config = _config(tmp_path, lora=True, max_steps=2, learning_rate=1e-2)
+    trainer = GRPOTrainer(config, lm, tiny_tokenizer, prompts, TargetFraction())
+    assert trainer.reference is None  # the adapter-disabled policy is the reference
+    trainer.train()
+    state = trainer.unwrapped_model.get_base_model().state_dict()
+    for name, value in base.items():
+        key = next(k for k in state if k.replace(".base_layer", "") == name)
+        assert torch.equal(state[key], value), name
+    no_kl = GRPOTrainer(
+        _config(tmp_path, beta=0.0), _lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
+    )
+    assert no_kl.reference is None
+    batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
+    assert "kl" not in no_kl.compute_loss(batch)[1]
+
+
+def test_stop_and_resume_equals_an_uninterrupted_run(tiny_tokenizer, tmp_path):
+    prompts = _prompts(tiny_tokenizer)
+
+    def trainer(out, **overrides):
+        config = _config(tmp_path, output_dir=str(tmp_path / out), max_steps=2, **overrides)
+        return GRPOTrainer(config, _lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction())
+
+    straight = trainer("a")
+    straight.train()
+    trainer("b").train(stop_after=1)
+    resumed = trainer("b", resume=True)
+    resumed.train()
+    assert resumed.state.step == 2
+    for (name, a), b in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_grpo_command_end_to_end(tiny_model_dir, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in tiny_corpus(16)))
+    config = _config(
+        tmp_path,
+        model=str(tiny_model_dir),
+        train_data=str(prompts),
+        eval_data=str(prompts),
+        max_eval_samples=4,
+        reward_functions=["rlhfkit.tasks:digits_reward"],
+        max_steps=2,
+    )
+    final = run_grpo(config)
+    assert (final / "model.safetensors").is_file()
+    assert "score" in json.loads((final / "trainer_state.json").read_text())["eval_metrics"]
+
+
+def test_config_checks():
+    assert RLOOConfig(reward_functions=["m:f"]).advantage == "rloo"
+    with pytest.raises(ConfigError, match="GRPOConfig.num_generations = 1"):
+        GRPOConfig(reward_functions=["m:f"], num_generations=1)
+    with pytest.raises(ConfigError, match="GRPOConfig.reward_model = None"):
+        GRPOConfig()
+    with pytest.raises(ConfigError, match="GRPOConfig.advantage = 'ppo'"):
+        GRPOConfig(reward_functions=["m:f"], advantage="ppo")

@@ -1,0 +1,177 @@
+"""The whole pipeline end to end on a tiny model and tiny data (configs/demo_tiny.yaml), and
+its restart behaviour: finished stages are skipped, an interrupted one resumes."""
+
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_corpus
+from rlhfkit.config import ConfigError, load_config
+from rlhfkit.models import RewardModel, ValueModel, load_causal_lm
+from rlhfkit.pipeline import PipelineConfig, run_pipeline, stage_configs
+from rlhfkit.report import TABLE_COLUMNS, load_eval
+from rlhfkit.trainers import checkpoint as ckpt
+
+TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_tiny.yaml"
+STAGES = ("sft", "reward", "ppo", "dpo", "eval")
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory) -> Path:
+    """prompts/, sft/ and comparisons/ with train and test files, as the demo data has."""
+    root = tmp_path_factory.mktemp("tiny_data")
+    lines = tiny_corpus(60, seed=3)
+    for split, chunk in (("train", lines[:44]), ("test", lines[44:])):
+        cut = [(" ".join(s.split()[:3]), " " + " ".join(s.split()[3:])) for s in chunk]
+        _write_jsonl(root / "prompts" / f"{split}.jsonl", [{"prompt": p} for p, _ in cut])
+        _write_jsonl(
+            root / "sft" / f"{split}.jsonl", [{"prompt": p, "response": r} for p, r in cut]
+        )
+        pairs = [
+            {"prompt": p, "chosen": r, "rejected": other}
+            for (p, r), (_, other) in zip(cut, cut[1:] + cut[:1], strict=True)
+        ]
+        _write_jsonl(root / "comparisons" / f"{split}.jsonl", pairs)
+    return root
+
+
+def _config(run_dir: Path, data: Path, model: Path) -> PipelineConfig:
+    return load_config(
+        PipelineConfig,
+        TINY_CONFIG,
+        output_dir=str(run_dir),
+        base_model=str(model),
+        data_dir=str(data),
+    )
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_data, tiny_model_dir):
+    config = _config(tmp_path_factory.mktemp("run"), tiny_data, tiny_model_dir)
+    return config, run_pipeline(config)
+
+
+def test_every_stage_leaves_a_loadable_model_and_the_report_is_filled(finished):
+    config, report = finished
+    run = config.run_dir
+    for stage in ("sft", "ppo", "dpo"):
+        assert ckpt.is_complete(run / stage)
+        assert load_causal_lm(run / stage / "final").config.n_layer == 2
+    assert RewardModel.from_pretrained(run / "reward" / "final").per_token is False
+    assert ValueModel.from_pretrained(run / "ppo" / "final" / "critic").per_token is True
+
+    result = load_eval(run / "eval.json")
+    rows = result["rows"]
+    assert [r["model"] for r in rows] == ["base", "sft", "ppo", "dpo", "best-of-4"]
+    for row in rows:
+        for column in TABLE_COLUMNS[1:]:
+            assert isinstance(row[column], float) and math.isfinite(row[column]), (row, column)
+    assert rows[1]["kl"] == 0.0 and rows[1]["win_rate_gold"] == 0.5  # SFT is the reference
+    assert result["reward_model"]["pairs"] > 0
+
+    text = report.read_text()
+    for row in rows:
+        assert f"| {row['model']} |" in text
+    for png in ("gold_proxy_vs_kl", "sft", "reward", "ppo", "dpo"):
+        assert (run / "plots" / f"{png}.png").stat().st_size > 0
+        assert f"plots/{png}.png" in text
+    points = [json.loads(line) for line in (run / "ppo_eval" / "metrics.jsonl").open()]
+    assert [p["step"] for p in points] == [0, 1, 2]
+    assert points[0]["kl"] == 0.0  # the SFT model against itself
+    timings = json.loads((run / "pipeline.json").read_text())
+    assert all(timings[s]["status"] == "done" and timings[s]["seconds"] > 0 for s in STAGES)
+
+
+def test_rerun_skips_finished_stages_and_resumes_an_interrupted_one(finished, caplog):
+    config, _ = finished
+    run = config.run_dir
+    finals = {s: (run / s / "final" / ckpt.STATE_FILE).stat().st_mtime for s in ("sft", "dpo")}
+    caplog.set_level(logging.INFO, logger="rlhfkit.pipeline")
+    run_pipeline(config)
+    for stage in STAGES:
+        assert f"{stage}: already done, skipped" in caplog.text
+    assert finals == {s: (run / s / "final" / ckpt.STATE_FILE).stat().st_mtime for s in finals}
+
+    # PPO interrupted after its last checkpoint, before writing final/: it resumes there,
+    # makes no iteration again, and the evaluation is redone against the new PPO model.
+    shutil.rmtree(run / "ppo" / "final")
+    metrics_before = (run / "ppo" / "metrics.jsonl").read_text()
+    caplog.clear()
+    run_pipeline(config)
+    assert "ppo: starting" in caplog.text and "eval: starting" in caplog.text
+    assert "sft: already done, skipped" in caplog.text
+    assert ckpt.is_complete(run / "ppo")
+    assert (run / "ppo" / "metrics.jsonl").read_text() == metrics_before
+
+
+def test_unknown_stage_field_is_named(tmp_path):
+    config = PipelineConfig(output_dir=str(tmp_path), sft={"learning_rat": 1e-4})
+    with pytest.raises(ConfigError, match="PipelineConfig.sft"):
+        stage_configs(config)
+
+
+def test_report_from_fake_results(tmp_path):
+    from rlhfkit.report import format_table, write_report
+
+    stage = tmp_path / "ppo"
+    _write_jsonl(
+        stage / "metrics.jsonl", [{"step": s, "score/mean": s / 10, "kl/ref": s} for s in (1, 2, 3)]
+    )
+    rows = [
+        {"model": "sft", "gold": 0.1, "reward": 0.0, "kl": 0.0, "win_rate_rm": 0.5},
+        {"model": "ppo", "gold": 0.4, "reward": 1.5, "kl": 3.2, "win_rate_rm": 0.8},
+    ]
+    result = {
+        "rows": rows,
+        "best_of_n": [
+            {"n": 1, "kl": 0.0, "reward": 0.0, "gold": 0.1},
+            {"n": 4, "kl": 0.64, "reward": 1.0, "gold": 0.3},
+        ],
+        "reward_model": {
+            "pairs": 10,
+            "accuracy": 0.7,
+            "accuracy_gold": 0.8,
+            "label_gold_agreement": 0.75,
+        },
+        "samples": [{"prompt": "It was", "responses": {"sft": {"text": " a | b", "gold": 0.5}}}],
+        "config": {"max_prompts": 2},
+    }
+    points = [
+        {"iteration": 0, "kl": 0.0, "reward": 0.0, "gold": 0.1},
+        {"iteration": 3, "kl": 3.0, "reward": 1.4, "gold": 0.35},
+    ]
+    report = write_report(
+        tmp_path,
+        result,
+        {"ppo": stage, "dpo": tmp_path / "missing"},
+        ppo_points=points,
+        timings={"sft": {"seconds": 1.5, "status": "done"}},
+    )
+    text = report.read_text()
+    assert "| ppo | 0.400 | 1.500 | 3.200 | 0.800 |" in text
+    assert "accuracy against the gold judge's order: 0.800" in text
+    assert "a \\| b **(+0.50)**" in text  # a '|' inside a sample stays in its cell
+    assert (tmp_path / "plots" / "ppo.png").is_file() and not (
+        tmp_path / "plots" / "dpo.png"
+    ).exists()
+    assert (tmp_path / "plots" / "gold_proxy_vs_kl.png").stat().st_size > 10_000
+    assert "| total | 1.500 |" in text
+    assert format_table([{"a": None, "b": 1}]).splitlines()[-1] == "| - | 1 |"
+
+
+def test_demo_config_is_valid_for_every_stage():
+    from rlhfkit.pipeline import demo_config_path
+
+    stages = stage_configs(load_config(PipelineConfig, demo_config_path(), output_dir="runs/x"))
+    assert stages.ppo.model == stages.dpo.model == stages.eval.reference == "runs/x/sft/final"
+    assert stages.ppo.reward_model == stages.eval.reward_model == "runs/x/reward/final"
+    assert max(stages.eval.best_of_n) == 16

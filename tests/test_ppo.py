@@ -1,0 +1,225 @@
+"""PPO trainer: learns a trivially learnable reward, scorers are interchangeable, exact resume,
+LoRA reference without a second copy, value-head critic, PPO-ptx, config checks."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from conftest import tiny_corpus
+from rlhfkit.config import ConfigError
+from rlhfkit.data import SFTExample
+from rlhfkit.models import ValueModel, add_lora
+from rlhfkit.rewards import FunctionScorer, RewardModelScorer, Scorer
+from rlhfkit.rollout import ValueHeadLM
+from rlhfkit.trainers.ppo import PPOTrainer
+from rlhfkit.trainers.ppo_config import PPOConfig
+
+TARGETS = range(10, 50)  # 40 of ~400 token ids: about 10% of random tokens hit at the start
+
+
+class TargetFraction(Scorer):
+    """Share of the response's real tokens that are target ids: a trivially learnable reward."""
+
+    name = "target_fraction"
+
+    def score(self, batch):
+        real = batch.response_mask != 0
+        hits = (batch.response >= TARGETS.start) & (batch.response < TARGETS.stop) & real
+        return hits.sum(1).float() / real.sum(1)
+
+
+def _lm(tokenizer, seed=0):
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        n_positions=64,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config)
+
+
+def _prompts(tokenizer, n=64):
+    return [tokenizer(line)["input_ids"][:6] for line in tiny_corpus(n)]
+
+
+def _config(tmp_path, **overrides):
+    values = dict(
+        model="unused",
+        train_data="unused",
+        output_dir=str(tmp_path / "run"),
+        reward_model=None,
+        reward_functions=["unused:unused"],
+        iterations=2,
+        rollout_batch_size=16,
+        batch_size=8,
+        max_new_tokens=8,
+        learning_rate=1e-3,
+        lr_scheduler="constant",
+        tensorboard=False,
+        resume=False,
+        seed=0,
+    )
+    return PPOConfig(**{**values, **overrides})
+
+
+def _trainer(tiny_tokenizer, tmp_path, scorer=None, **overrides):
+    policy, reference = _lm(tiny_tokenizer), _lm(tiny_tokenizer)
+    critic = ValueModel(_lm(tiny_tokenizer, seed=1).transformer)
+    return PPOTrainer(
+        _config(tmp_path, **overrides),
+        policy,
+        tiny_tokenizer,
+        _prompts(tiny_tokenizer),
+        scorer or TargetFraction(),
+        reference=reference,
+        critic=critic,
+    )
+
+
+def _weights(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_ppo_learns_a_trivial_reward_with_bounded_kl_and_a_fixed_reference(
+    tiny_tokenizer, tmp_path
+):
+    # Short responses and 16-sequence minibatches: each token carries a large share of the
+    # score and Adam's steps are not dominated by noise (measured: 0.07 -> 0.72 in 25 iterations,
+    # KL 6.6 nats per response).
+    trainer = _trainer(
+        tiny_tokenizer,
+        tmp_path,
+        iterations=25,
+        rollout_batch_size=32,
+        batch_size=16,
+        max_new_tokens=4,
+        vf_coef=0.5,
+    )
+    reference_before = _weights(trainer.models.reference)
+    scores, kls = [], []
+    for _ in range(trainer.config.iterations):
+        metrics, _ = trainer.step()
+        scores.append(metrics["score/mean"])
+        kls.append(metrics["kl/ref"])
+    assert scores[0] < 0.15, scores
+    assert sum(scores[-3:]) / 3 > 0.5, scores
+    assert max(kls) < 12.0, kls  # nats per 4-token response; beta = 0.05 keeps it bounded
+    after = _weights(trainer.models.reference)
+    assert all(torch.equal(reference_before[k], after[k]) for k in after)
+
+
+def test_function_and_model_scorers_with_the_same_scores_give_the_same_step(
+    tiny_tokenizer, tmp_path
+):
+    class ScoreModel(torch.nn.Module):
+        """A "reward model" on token ids: +1 per target token, read from ids and mask."""
+
+        def forward(self, input_ids, attention_mask):
+            hits = (input_ids >= TARGETS.start) & (input_ids < TARGETS.stop) & (attention_mask != 0)
+            return hits.sum(1).float() - 2.0
+
+    model_trainer = _trainer(tiny_tokenizer, tmp_path / "a", RewardModelScorer(ScoreModel()))
+    _, rollout = model_trainer.step()
+
+    recorded = rollout.raw_scores.tolist()
+    function_trainer = _trainer(
+        tiny_tokenizer, tmp_path / "b", FunctionScorer(lambda prompts, responses: recorded)
+    )
+    _, rollout_b = function_trainer.step()
+    assert rollout_b.responses == rollout.responses  # same seed, same samples
+    a, b = _weights(model_trainer.trainable), _weights(function_trainer.trainable)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(
+        a["policy.lm_head.weight"], _weights(_lm(tiny_tokenizer))["lm_head.weight"]
+    )
+
+
+def test_resume_continues_exactly(tiny_tokenizer, tmp_path):
+    straight = _trainer(tiny_tokenizer, tmp_path / "straight", iterations=2)
+    straight.train()
+
+    first = _trainer(tiny_tokenizer, tmp_path / "resumed", iterations=2)
+    first.train(stop_after=1)
+    assert (tmp_path / "resumed" / "run" / "checkpoint-1").is_dir()
+    second = _trainer(tiny_tokenizer, tmp_path / "resumed", iterations=2, resume=True)
+    second.train()
+    assert second.state.iteration == 2 and second.state.complete
+    a, b = _weights(straight.trainable), _weights(second.trainable)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "resumed" / "run" / "final" / "critic").is_dir()
+    lines = (tmp_path / "resumed" / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # one row per iteration, none duplicated by the resume
+
+
+def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_path):
+    policy = add_lora(_lm(tiny_tokenizer), r=4, alpha=8)
+    critic = ValueModel(_lm(tiny_tokenizer, seed=1).transformer)
+    base_before = {k: v.clone() for k, v in policy.state_dict().items() if "lora_" not in k}
+    trainer = PPOTrainer(
+        _config(tmp_path, lora=True, iterations=1),
+        policy,
+        tiny_tokenizer,
+        _prompts(tiny_tokenizer),
+        TargetFraction(),
+        reference=None,
+        critic=critic,
+    )
+    metrics, rollout = trainer.step()
+    # At the first rollout the adapter (B = 0) changes nothing: KL to the reference is 0.
+    assert torch.allclose(rollout.logprobs, rollout.ref_logprobs, atol=1e-5)
+    after = policy.state_dict()
+    assert all(torch.equal(base_before[k], after[k]) for k in base_before)
+    assert any(not torch.equal(v, 0 * v) for k, v in after.items() if "lora_B" in k)
+
+
+def test_value_head_critic_and_ptx_term(tiny_tokenizer, tmp_path):
+    policy = ValueHeadLM(_lm(tiny_tokenizer))
+    ids = tiny_tokenizer("Number 1. The cat sees a red ball.")["input_ids"]
+    ptx = [SFTExample(ids, [-100] * 3 + ids[3:])] * 8
+    trainer = PPOTrainer(
+        _config(tmp_path, critic="value_head", ptx_coef=0.5, ptx_data="unused"),
+        policy,
+        tiny_tokenizer,
+        _prompts(tiny_tokenizer),
+        TargetFraction(),
+        reference=_lm(tiny_tokenizer),
+        critic=None,
+        ptx_examples=ptx,
+    )
+    head_before = policy.value_head.weight.clone()
+    metrics, _ = trainer.step()
+    assert metrics["loss/ptx"] > 0
+    assert not torch.equal(head_before, policy.value_head.weight)
+    assert set(trainer.trainable) == {"policy"}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("rollout_batch_size", 12),  # not a multiple of batch_size 8
+        ("clip_range", 0.0),
+        ("kl_estimator", "k4"),
+        ("reward_weights", [1.0, 2.0]),
+        ("ptx_coef", -1.0),
+        ("max_steps", 10),
+    ],
+)
+def test_config_errors_name_the_field(tmp_path, field, value):
+    with pytest.raises(ConfigError, match=field):
+        _config(tmp_path, **{field: value})
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from a second thread, and on a busy machine two OpenMP threads
+    spin on each other (10-100x slower steps); restore the session's setting afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -1,0 +1,163 @@
+"""Reward trainer: metrics and loss dispatch by hand, learning a separable preference (pairs and
+K-way rankings), frozen parameters, InstructGPT normalisation, run from files."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from rlhfkit.config import RewardConfig
+from rlhfkit.data import (
+    Comparison,
+    Demonstration,
+    Ranking,
+    SFTCollator,
+    encode_comparisons,
+    encode_demonstrations,
+)
+from rlhfkit.models import RewardModel
+from rlhfkit.ops.losses import pairwise_logsigmoid_loss, ranking_loss
+from rlhfkit.trainers.reward import RewardTrainer, ranking_metrics, run_reward
+
+SUBJECTS = ["The cat", "A dog", "My friend", "The teacher", "A small bird", "The robot"]
+OBJECTS = ["ball", "tree", "food", "book", "sky", "park"]
+# The marker words, best first: the preference depends on them alone.
+MARKERS = ["good", "new", "big"]
+
+
+def _answer(rng: random.Random, marker: str) -> str:
+    return f" It is a {marker} {rng.choice(OBJECTS)}."
+
+
+def pairs(n: int, seed: int) -> list[Comparison]:
+    rng = random.Random(seed)
+    return [
+        Comparison(f"Q: what does {rng.choice(SUBJECTS)} see?", _answer(rng, "good"),
+                   _answer(rng, "big"))
+        for _ in range(n)
+    ]  # fmt: skip
+
+
+def rankings(n: int, seed: int) -> list[Ranking]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        order = rng.sample(range(3), 3)  # shuffled responses; `ranking` lists them best first
+        responses = [_answer(rng, MARKERS[k]) for k in order]
+        out.append(Ranking(f"Q: what does {rng.choice(SUBJECTS)} see?", responses,
+                           [order.index(k) for k in range(3)]))  # fmt: skip
+    return out
+
+
+def _config(tmp_path, **overrides):
+    fields = dict(
+        model="unused",
+        output_dir=str(tmp_path / "rm"),
+        train_data="unused",
+        eval_data=None,
+        batch_size=8,
+        max_steps=12,
+        learning_rate=2e-3,
+        lr_scheduler="constant",
+        log_every=5,
+        cpu=True,
+        tensorboard=False,
+        max_length=48,
+    )
+    fields.update(overrides)
+    return RewardConfig(**fields)
+
+
+def _model(model_dir):
+    torch.manual_seed(0)
+    return RewardModel.from_pretrained(model_dir)
+
+
+def test_ranking_metrics_by_hand():
+    scores = torch.tensor([[3.0, 1.0, 2.0], [2.0, 0.0, 0.0], [1.0, 2.0, 3.0]])
+    valid = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    m = ranking_metrics(scores, valid)
+    # pairs (0,1) (0,2) (1,2): row 0 -> +2 +1 -1; row 1 -> +2 only; row 2 -> -1 -2 -1
+    assert m["accuracy"] == pytest.approx(3 / 7)
+    assert m["margin"] == pytest.approx((2 + 1 - 1 + 2 - 1 - 2 - 1) / 7)
+    assert m["ranking_accuracy"] == pytest.approx((2 / 3 + 0) / 2)  # rows with K = 3
+    assert m["ranking_exact"] == 0.0
+    assert "ranking_accuracy" not in ranking_metrics(scores[1:2, :2], valid[1:2, :2])
+
+
+def test_loss_dispatch(tmp_path):
+    trainer = RewardTrainer.__new__(RewardTrainer)  # no model needed to ask for losses
+    trainer.config = _config(tmp_path, margin=0.5)
+    chosen, rejected = torch.tensor([1.0, -1.0]), torch.tensor([0.0, 0.5])
+    table = torch.stack([chosen, rejected], 1)
+    got = trainer.preference_loss(table, torch.ones_like(table, dtype=torch.bool))
+    expected = -torch.nn.functional.logsigmoid(chosen - rejected - 0.5).mean()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got, pairwise_logsigmoid_loss(chosen, rejected, torch.tensor(0.5)))
+    trainer.config = _config(tmp_path, loss="logexp")
+    got = trainer.preference_loss(table, torch.ones_like(table, dtype=torch.bool))
+    torch.testing.assert_close(got, torch.log1p(torch.exp(rejected - chosen)).mean())
+    three = torch.tensor([[1.0, 0.0, -1.0]])
+    valid = torch.ones_like(three, dtype=torch.bool)
+    torch.testing.assert_close(trainer.preference_loss(three, valid), ranking_loss(three, valid))
+
+
+def test_rm_learns_separable_pairs_with_frozen_embeddings(tiny_model_dir, tiny_tokenizer, tmp_path):
+    train, _ = encode_comparisons(pairs(64, seed=1), tiny_tokenizer, 48)
+    held_out, _ = encode_comparisons(pairs(32, seed=2), tiny_tokenizer, 48)
+    demos, _ = encode_demonstrations(
+        [Demonstration(c.prompt, c.chosen) for c in pairs(16, seed=3)], tiny_tokenizer, 48
+    )
+    model = _model(tiny_model_dir)
+    wpe = model.backbone.wpe.weight
+    wpe.requires_grad_(False)
+    frozen = wpe.detach().clone()
+    trainer = RewardTrainer(
+        _config(tmp_path), model, tiny_tokenizer, train, held_out, normalize_examples=demos
+    )
+    before = trainer.run_evaluation()
+    trainer.train()
+    after = trainer.state.eval_metrics
+    assert before["accuracy"] < 0.8 and after["accuracy"] >= 0.9, (before, after)
+    assert after["margin"] > before["margin"] + 1.0
+    assert torch.equal(wpe.detach(), frozen)
+
+    # Normalised at the end: the demonstrations now score 0 on average.
+    model.eval()
+    batch = SFTCollator(tiny_tokenizer.pad_token_id)(demos)
+    with torch.no_grad():
+        mean = model(batch["input_ids"], batch["attention_mask"]).mean()
+    assert abs(mean.item()) < 1e-4
+    reloaded = RewardModel.from_pretrained(tmp_path / "rm" / "final")
+    torch.testing.assert_close(reloaded.score.bias, model.score.bias)
+
+
+def test_rm_learns_k_way_rankings(tiny_model_dir, tiny_tokenizer, tmp_path):
+    train, _ = encode_comparisons(rankings(48, seed=4), tiny_tokenizer, 48)
+    held_out, _ = encode_comparisons(rankings(24, seed=5), tiny_tokenizer, 48)
+    trainer = RewardTrainer(
+        _config(tmp_path, batch_size=6), _model(tiny_model_dir), tiny_tokenizer, train, held_out
+    )
+    before = trainer.run_evaluation()
+    trainer.train()
+    after = trainer.state.eval_metrics
+    assert before["ranking_accuracy"] < 0.8, before
+    assert after["ranking_accuracy"] >= 0.9 and after["ranking_exact"] >= 0.8, after
+
+
+def test_run_reward_from_files(tiny_model_dir, tmp_path):
+    rows = [{"prompt": c.prompt, "chosen": c.chosen, "rejected": c.rejected} for c in pairs(12, 6)]
+    rows += [{"prompt": r.prompt, "responses": r.responses, "ranking": r.ranking}
+             for r in rankings(4, 7)]  # fmt: skip
+    path = tmp_path / "comparisons.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = _config(
+        tmp_path, model=str(tiny_model_dir), train_data=str(path), eval_data=str(path), max_steps=2
+    )
+    final = run_reward(config)
+    loaded = RewardModel.from_pretrained(final)
+    assert (final / "score_head.safetensors").is_file() and (final / "tokenizer.json").is_file()
+    state = json.loads((final / "trainer_state.json").read_text())
+    assert state["complete"] and {"accuracy", "ranking_accuracy"} <= set(state["eval_metrics"])
+    assert loaded.score.weight.shape == (1, 64)

@@ -1,0 +1,176 @@
+"""Making experience: rewards on the last real token, temperature-consistent log-probs, value
+alignment, GAE and whitening, minibatch selection."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlhfkit.data import pad
+from rlhfkit.generation import SamplingConfig
+from rlhfkit.ops.advantages import gae
+from rlhfkit.ops.masks import last_token_index, masked_mean
+from rlhfkit.rewards import FunctionScorer, RunningMoments, ScoreOptions
+from rlhfkit.rollout import (
+    Rollout,
+    RolloutModels,
+    RolloutSettings,
+    critic_values,
+    explained_variance,
+    make_rollout,
+    sequence_inputs,
+)
+
+EOS, PAD, VOCAB = 0, 1, 12
+
+
+class BigramLM(torch.nn.Module):
+    """A causal LM whose next-token logits depend only on the current token: a table (V, V).
+
+    Exact, cheap, and it handles a KV cache trivially (nothing to cache)."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = torch.nn.Parameter(table.clone())
+
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        position_ids=None,
+        use_cache=False,
+        past_key_values=None,
+        logits_to_keep=0,
+    ):
+        logits = self.table[input_ids]  # (B, T, V)
+        if logits_to_keep:
+            logits = logits[:, -logits_to_keep:]
+        return SimpleNamespace(logits=logits, past_key_values=past_key_values)
+
+
+class PositionCritic(torch.nn.Module):
+    """values (B, T) = the position index: shows which position each value is read from."""
+
+    def forward(self, input_ids, attention_mask):
+        return torch.arange(input_ids.shape[1], dtype=torch.float32).expand(input_ids.shape)
+
+
+class Tokenizer:
+    eos_token_id, pad_token_id = EOS, PAD
+
+    def batch_decode(self, ids, skip_special_tokens=True):
+        return [" ".join(str(t) for t in row.tolist() if t not in (EOS, PAD)) for row in ids]
+
+
+def _table(seed=0):
+    torch.manual_seed(seed)
+    table = torch.randn(VOCAB, VOCAB)
+    table[:, PAD] = 5.0  # pad is likely under the model, so generation must suppress it
+    table[7, EOS] = 8.0  # token 7 is almost always followed by EOS
+    return table
+
+
+def _rollout(table=None, kl_coef=0.0, temperature=1.0, greedy=False, scorer=None, **settings):
+    query, query_mask = pad([[3, 4, 5], [7], [2, 6]], PAD, side="left")  # ragged, left-padded
+    policy = BigramLM(_table() if table is None else table)
+    reference = BigramLM(_table(seed=1))
+    sampling = SamplingConfig(max_new_tokens=5, temperature=temperature, greedy=greedy)
+    return make_rollout(
+        RolloutModels(policy, reference, PositionCritic()),
+        scorer or FunctionScorer(lambda p, r: [float(len(x)) for x in r]),
+        query,
+        query_mask,
+        Tokenizer(),
+        RolloutSettings(sampling=sampling, **settings),
+        kl_coef=kl_coef,
+        moments=RunningMoments(),
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def test_scores_land_on_the_last_real_token_with_left_padding_and_early_eos():
+    rollout = _rollout()
+    mask = rollout.response_mask
+    assert mask[1].tolist() == [1, 0, 0, 0, 0]  # prompt "7" answers EOS at once
+    assert mask.sum(1).max() == 5  # another row runs to the end
+    last = last_token_index(mask)
+    expected = torch.zeros_like(rollout.rewards)
+    expected[torch.arange(3), last] = rollout.scores
+    assert torch.equal(rollout.rewards, expected)  # kl_coef = 0: only the score
+    assert rollout.response[1, 1:].tolist() == [PAD] * 4
+    assert PAD not in rollout.response[mask != 0].tolist()
+
+
+def test_kl_penalty_is_on_real_tokens_only():
+    rollout = _rollout(kl_coef=0.1)
+    real = rollout.response_mask != 0
+    kl = rollout.logprobs - rollout.ref_logprobs
+    last = last_token_index(rollout.response_mask)
+    expected = torch.where(real, -0.1 * kl, 0.0)
+    expected[torch.arange(3), last] += rollout.scores
+    assert torch.allclose(rollout.rewards, expected, atol=1e-6)
+    assert rollout.kl[~real].abs().sum() == 0
+
+
+def test_logprobs_are_those_of_the_sampling_distribution_at_the_temperature():
+    table = _table()
+    rollout = _rollout(table=table, temperature=2.0)
+    previous = torch.cat([rollout.query[:, -1:], rollout.response[:, :-1]], dim=1)  # (B, Tr)
+    expected = (
+        (table[previous] / 2.0).log_softmax(-1).gather(-1, rollout.response[..., None])[..., 0]
+    )
+    real = rollout.response_mask != 0
+    assert torch.allclose(rollout.logprobs[real], expected[real], atol=1e-5)
+
+
+def test_values_are_read_where_each_response_token_is_predicted():
+    query, query_mask = pad([[3, 4, 5], [7]], PAD, side="left")
+    response, response_mask = pad([[2, 2], [EOS]], PAD)
+    inputs = sequence_inputs(query, query_mask, response, response_mask)
+    values = critic_values(PositionCritic(), inputs, response_len=2)
+    # Tq = 3: token 0 of the response is predicted at position 2 (the last query token).
+    assert values.tolist() == [[2.0, 3.0], [2.0, 3.0]]
+
+
+def test_advantages_are_whitened_gae_and_returns_are_unwhitened():
+    rollout = _rollout(kl_coef=0.05, gamma=0.9, lam=0.8)
+    advantages, returns = gae(rollout.rewards, rollout.values, rollout.response_mask, 0.9, 0.8)
+    assert torch.allclose(rollout.returns, returns)
+    mask = rollout.response_mask
+    assert masked_mean(rollout.advantages, mask).abs() < 1e-6
+    raw = _rollout(kl_coef=0.05, gamma=0.9, lam=0.8, whiten_advantages=False)
+    assert torch.allclose(raw.advantages, advantages)
+
+
+def test_missing_eos_penalty_reaches_the_rewards():
+    options = ScoreOptions(missing_eos_penalty=10.0)
+    rollout = _rollout(scores=options)
+    assert torch.equal(
+        rollout.scores,
+        torch.where(rollout.eos_emitted, rollout.raw_scores, rollout.raw_scores - 10),
+    )
+    assert not rollout.eos_emitted.all() and rollout.eos_emitted.any()
+
+
+def test_chunked_forward_gives_the_same_rollout():
+    whole, chunked = _rollout(kl_coef=0.1), _rollout(kl_coef=0.1, forward_batch_size=2)
+    for name in ("logprobs", "ref_logprobs", "values", "rewards", "advantages"):
+        assert torch.allclose(getattr(whole, name), getattr(chunked, name), atol=1e-6), name
+
+
+def test_select_trims_unused_padding_and_keeps_masked_results():
+    rollout = _rollout()
+    index = torch.tensor([1])  # the one-token prompt that stops at once
+    mb = rollout.select(index)
+    assert isinstance(mb, Rollout)
+    assert mb.query.tolist() == [[7]] and mb.response.tolist() == [[EOS]]
+    assert mb.prompts == [rollout.prompts[1]] and mb.responses == [rollout.responses[1]]
+    assert mb.scores.tolist() == rollout.scores[1:2].tolist()
+    assert mb.advantages[0, 0] == rollout.advantages[1, 0]
+
+
+def test_explained_variance():
+    returns = torch.tensor([[1.0, 2.0, 3.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0]])
+    assert explained_variance(returns, returns, mask) == 1.0
+    assert explained_variance(torch.full_like(returns, 2.0), returns, mask) == pytest.approx(0.0)
