@@ -90,8 +90,8 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     times = [rows[0]["train/step_seconds"]] + [
         b - a for a, b in zip(stamps, stamps[1:], strict=False)
     ]
-    gen = [r["train/time_generate"] for r in rows]
-    rewards = [r["train/score_mean"] for r in rows]
+    gen = [r["train/time/generate"] for r in rows]
+    rewards = [r["train/score/mean"] for r in rows]
     return {
         "median_s": statistics.median(times[1:]),
         "first_s": times[0],

@@ -18,7 +18,13 @@ generation tokens/s (batch x new-token slots / seconds inside generation, as the
 them), peak RSS, the CPU used by other processes while it ran (the machine is shared), and
 the command line. ``--profile`` prints torch.profiler's top operators for one iteration.
 
-    .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets --bf16
+Default setting (the fastest correct one measured): bf16 autocast with fp32 master weights and
+fp32 loss math, eager attention (torch's CPU flash-attention backward is slow in bf16), fused
+AdamW and torch's fused GELU (both done by ``PPOTrainer``). On a busy machine use
+``--threads 1``: two OpenMP threads that get descheduled wait on each other (10x slower).
+
+    .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets   # bf16, eager
+    .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets --fp32
 """
 
 from __future__ import annotations
@@ -152,20 +158,24 @@ def main() -> None:
     )
     ap.add_argument("--assets", type=Path, default=None, help="peers' asset dir (make_assets.py)")
     ap.add_argument("--iters", type=int, default=8, help="PPO iterations (the first is excluded)")
-    ap.add_argument("--bf16", action="store_true", help="bf16 autocast (fp32 weights and losses)")
+    ap.add_argument(
+        "--fp32", action="store_true", help="no bf16 autocast (default: bf16, fp32 weights/losses)"
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--profile", action="store_true", help="profile iteration 2 with torch.profiler"
     )
-    ap.add_argument("--attn", default=None, help="attention implementation (eager, sdpa)")
+    ap.add_argument(
+        "--attn", default=None, help="attention kernel (default: eager with bf16, else sdpa)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     what, tokenizer, policy, reference, critic, reward_model, prompt_file = load_models(args.assets)
-    if args.attn:
-        for model in (policy, reference, critic.backbone, reward_model.backbone):
-            model.set_attn_implementation(args.attn)
+    attn = args.attn or ("sdpa" if args.fp32 else "eager")
+    for model in (policy, reference, critic.backbone, reward_model.backbone):
+        model.set_attn_implementation(attn)
     prompts = [tokenizer(p)["input_ids"] for p in _prompt_texts(prompt_file, 512)]
     config = PPOConfig(
         model="in-memory",
@@ -181,7 +191,7 @@ def main() -> None:
         learning_rate=1e-4,
         lr_scheduler="constant",
         kl_coef=0.05,
-        mixed_precision="bf16" if args.bf16 else "no",
+        mixed_precision="no" if args.fp32 else "bf16",
         cpu=True,
         seed=42,
         tensorboard=False,
@@ -223,7 +233,8 @@ def main() -> None:
 
     result = {
         "models": what,
-        "dtype": "bf16 autocast (fp32 weights, fp32 loss math)" if args.bf16 else "fp32",
+        "dtype": "fp32" if args.fp32 else "bf16 autocast (fp32 weights, fp32 loss math)",
+        "attention": attn,
         "threads": args.threads,
         "iterations": len(rows),
         "sec_per_iter_median": median("time/iteration"),

@@ -22,6 +22,7 @@ from rlhfkit.trainers.dpo import (
     preference_pairs,
     sequence_logps,
 )
+from rlhfkit.trainers.loop import epoch_order
 
 
 def _toy_pairs(tokenizer):
@@ -122,6 +123,18 @@ def test_first_step_starts_at_ln2_and_precomputed_reference_matches_on_the_fly(
         assert float(loss) == pytest.approx(math.log(2), abs=1e-5)
         assert float(metrics["margin"]) == pytest.approx(0.0, abs=1e-5)
     torch.testing.assert_close(results[0], results[1], atol=1e-4, rtol=0)
+
+
+def test_precomputes_only_the_pairs_a_short_run_visits(tiny_model_dir, tiny_tokenizer, tmp_path):
+    train, _ = _toy_pairs(tiny_tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    trainer = DPOTrainer(_config(tmp_path, max_steps=2), model, tiny_tokenizer, train)
+    done = [i for i, pair in enumerate(trainer.train_data) if pair.ref_logps is not None]
+    assert sorted(done) == sorted(int(i) for i in epoch_order(len(train), 42, 0)[:16])
+    trainer.train()  # both steps find their reference log-probs
+    missing = [trainer.train_data[i] for i in range(len(train)) if i not in done][:8]
+    with pytest.raises(RuntimeError, match="without precomputed reference log-probs"):
+        trainer.compute_loss(trainer.collate_fn(missing))
 
 
 @pytest.mark.slow

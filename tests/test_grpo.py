@@ -106,7 +106,7 @@ def test_loss_and_gradient_equal_a_plain_loop(tiny_tokenizer, tmp_path):
     samples = scorer.last
     advantages = group_advantages(scorer.score(samples), 4)
     lengths = samples.response_mask.sum(1)
-    surrogate, kl = torch.zeros(()), torch.zeros(())
+    surrogate, kl, k1 = torch.zeros(()), torch.zeros(()), 0.0
     for i in range(len(advantages)):
         prompt = samples.query[i][samples.query_mask[i] != 0]
         response = samples.response[i, : lengths[i]]
@@ -117,13 +117,16 @@ def test_loss_and_gradient_equal_a_plain_loop(tiny_tokenizer, tmp_path):
             ref = reference(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
         surrogate = surrogate - advantages[i] * logp.sum()
         kl = kl + (torch.exp(ref - logp) - (ref - logp) - 1).sum()
+        k1 += float((logp - ref).sum())
     ((surrogate + beta * kl) / lengths.sum()).backward()
     expected_value = (-(advantages * lengths).sum() + beta * kl.detach()) / lengths.sum()
     assert float(loss) == pytest.approx(float(expected_value), abs=1e-5)
-    assert float(metrics["kl"]) == pytest.approx(float(kl / lengths.sum()), rel=1e-4)
-    assert float(metrics["kl"]) > 0.01
+    assert float(metrics["loss/kl_k3"]) == pytest.approx(float(kl / lengths.sum()), rel=1e-4)
+    assert float(metrics["loss/kl_k3"]) > 0.01
+    assert float(metrics["kl/ref"]) == pytest.approx(k1 / len(advantages), rel=1e-4)
     torch.testing.assert_close(grad, weight.grad, atol=1e-6, rtol=1e-4)
-    assert float(metrics["ratio"]) == pytest.approx(1.0) and float(metrics["clipfrac"]) == 0.0
+    assert float(metrics["policy/ratio"]) == pytest.approx(1.0)
+    assert float(metrics["policy/clipfrac"]) == 0.0
 
 
 @pytest.mark.slow
@@ -145,7 +148,7 @@ def test_learns_a_trivial_reward_and_the_reference_does_not_move(
     for name, value in trainer.reference.state_dict().items():
         assert torch.equal(value, before[name]), name
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    kls = [row["train/kl"] for row in logged if "train/kl" in row]
+    kls = [row["train/kl/ref"] for row in logged if "train/kl/ref" in row]
     assert kls[-1] > kls[0] > 0  # the policy moved away from the reference, and it is measured
     samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").open()]
     assert {s["step"] for s in samples} == {1, 10, 20}
@@ -169,7 +172,7 @@ def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
     )
     assert no_kl.reference is None
     batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
-    assert "kl" not in no_kl.compute_loss(batch)[1]
+    assert "kl/ref" not in no_kl.compute_loss(batch)[1]
 
 
 def test_stop_and_resume_equals_an_uninterrupted_run(tiny_tokenizer, tmp_path):

@@ -9,7 +9,7 @@ from conftest import tiny_corpus
 from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
 from rlhfkit.models import ValueModel, add_lora
-from rlhfkit.rewards import FunctionScorer, RewardModelScorer, Scorer
+from rlhfkit.rewards import RewardModelScorer, Scorer
 from rlhfkit.rollout import ValueHeadLM
 from rlhfkit.trainers.ppo import PPOTrainer
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -128,9 +128,8 @@ def test_function_and_model_scorers_with_the_same_scores_give_the_same_step(
     _, rollout = model_trainer.step()
 
     recorded = rollout.raw_scores.tolist()
-    function_trainer = _trainer(
-        tiny_tokenizer, tmp_path / "b", FunctionScorer(lambda prompts, responses: recorded)
-    )
+    # A plain Python function, as users pass it (wrapped by the trainer).
+    function_trainer = _trainer(tiny_tokenizer, tmp_path / "b", lambda prompts, responses: recorded)
     _, rollout_b = function_trainer.step()
     assert rollout_b.responses == rollout.responses  # same seed, same samples
     a, b = _weights(model_trainer.trainable), _weights(function_trainer.trainable)

@@ -18,7 +18,12 @@ from rlhfkit.data import (
 )
 from rlhfkit.models import RewardModel
 from rlhfkit.ops.losses import pairwise_logsigmoid_loss, ranking_loss
-from rlhfkit.trainers.reward import RewardTrainer, ranking_metrics, run_reward
+from rlhfkit.trainers.reward import (
+    RewardTrainer,
+    preference_loss,
+    ranking_metrics,
+    run_reward,
+)
 
 SUBJECTS = ["The cat", "A dog", "My friend", "The teacher", "A small bird", "The robot"]
 OBJECTS = ["ball", "tree", "food", "book", "sky", "park"]
@@ -86,21 +91,21 @@ def test_ranking_metrics_by_hand():
     assert "ranking_accuracy" not in ranking_metrics(scores[1:2, :2], valid[1:2, :2])
 
 
-def test_loss_dispatch(tmp_path):
-    trainer = RewardTrainer.__new__(RewardTrainer)  # no model needed to ask for losses
-    trainer.config = _config(tmp_path, margin=0.5)
+def test_loss_dispatch():
     chosen, rejected = torch.tensor([1.0, -1.0]), torch.tensor([0.0, 0.5])
-    table = torch.stack([chosen, rejected], 1)
-    got = trainer.preference_loss(table, torch.ones_like(table, dtype=torch.bool))
+    table = torch.stack([chosen, rejected], 1)  # (N, 2)
+    valid = torch.ones_like(table, dtype=torch.bool)
+    got = preference_loss(table, valid, "logsigmoid", margin=0.5)
     expected = -torch.nn.functional.logsigmoid(chosen - rejected - 0.5).mean()
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(got, pairwise_logsigmoid_loss(chosen, rejected, torch.tensor(0.5)))
-    trainer.config = _config(tmp_path, loss="logexp")
-    got = trainer.preference_loss(table, torch.ones_like(table, dtype=torch.bool))
+    got = preference_loss(table, valid, "logexp")
     torch.testing.assert_close(got, torch.log1p(torch.exp(rejected - chosen)).mean())
-    three = torch.tensor([[1.0, 0.0, -1.0]])
+    three = torch.tensor([[1.0, 0.0, -1.0]])  # K = 3: InstructGPT's ranking loss, margin unused
     valid = torch.ones_like(three, dtype=torch.bool)
-    torch.testing.assert_close(trainer.preference_loss(three, valid), ranking_loss(three, valid))
+    torch.testing.assert_close(
+        preference_loss(three, valid, margin=0.5), ranking_loss(three, valid)
+    )
 
 
 def test_rm_learns_separable_pairs_with_frozen_embeddings(tiny_model_dir, tiny_tokenizer, tmp_path):

@@ -1,6 +1,7 @@
 """Making experience: rewards on the last real token, temperature-consistent log-probs, value
 alignment, GAE and whitening, minibatch selection."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -174,3 +175,11 @@ def test_explained_variance():
     mask = torch.tensor([[1, 1, 1, 0]])
     assert explained_variance(returns, returns, mask) == 1.0
     assert explained_variance(torch.full_like(returns, 2.0), returns, mask) == pytest.approx(0.0)
+
+
+def test_select_trims_every_per_token_field():
+    mb = _rollout().select(torch.tensor([1]))  # a one-token prompt and a one-token response
+    for f in dataclasses.fields(Rollout):
+        value = getattr(mb, f.name)
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            assert value.shape == (1, 1), f.name

@@ -74,8 +74,10 @@ class EvalConfig:
     """Held-out prompts (any record kind with a prompt)."""
     split: str = "test"
     """Split of ``prompts`` (and of ``comparisons``) to read."""
-    max_prompts: int | None = 64
+    max_prompts: int | None = 256
     """Evaluate on the first this many prompts; None = all."""
+    best_of_n_prompts: int = 64
+    """Best-of-n samples max(best_of_n) responses for each of the first this many prompts."""
     max_prompt_length: int = 64
     """Prompts longer than this many tokens keep their last tokens."""
     max_new_tokens: int = 24
@@ -106,7 +108,8 @@ class EvalConfig:
             self.task is None or self.task in REWARD_FUNCTIONS,
             f"None or one of {sorted(REWARD_FUNCTIONS)}",
         )
-        for name in ("max_prompt_length", "max_new_tokens", "batch_size", "num_samples"):
+        positive = ("max_prompt_length", "max_new_tokens", "batch_size", "num_samples")
+        for name in (*positive, "best_of_n_prompts"):
             _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         for name in ("max_prompts", "max_comparisons"):
             value = getattr(self, name)
@@ -263,6 +266,13 @@ class PolicySamples:
     kl: torch.Tensor | None = None
     reward: torch.Tensor | None = None
     gold: torch.Tensor | None = None
+
+    def first(self, count: int) -> PolicySamples:
+        """The first ``count`` samples."""
+        tensors = (None if t is None else t[:count] for t in (self.kl, self.reward, self.gold))
+        return PolicySamples(
+            self.prompts[:count], self.responses[:count], self.length[:count], *tensors
+        )
 
 
 def _mean(x: torch.Tensor | None) -> float | None:
@@ -516,16 +526,25 @@ def evaluate(config: EvalConfig) -> list[dict]:
         model = _load_lm(path, tokenizer, device)
         named[name] = run(model)
         del model
-    table = [{**summarize(n, s, baseline), "kl_method": "sampled"} for n, s in named.items()]
+    table = [
+        {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": len(prompts)}
+        for n, s in named.items()
+    ]
     curve = []
     if reward is not None and config.best_of_n:
-        logger.info("eval: best-of-%d of the reference", max(config.best_of_n))
+        logger.info(
+            "eval: best-of-%d of the reference on %d prompts",
+            max(config.best_of_n),
+            min(config.best_of_n_prompts, len(prompts)),
+        )
+        bon_prompts = prompts[: config.best_of_n_prompts]
         curve, picks = best_of_n_curve(
-            reference, tokenizer, prompts, sampling, config.best_of_n, **common
+            reference, tokenizer, bon_prompts, sampling, config.best_of_n, **common
         )
         name = f"best-of-{max(config.best_of_n)}"
         named[name] = picks
-        table.append({**summarize(name, picks, baseline), "kl_method": "analytic"})
+        row = summarize(name, picks, baseline.first(len(bon_prompts)))
+        table.append({**row, "kl_method": "analytic", "prompts": len(bon_prompts)})
     accuracy = None
     if rm is not None and config.comparisons:
         comparisons = load_records(

@@ -68,6 +68,9 @@ class PipelineConfig:
     data_dir: str | None = None
     """Folder with prompts/, sft/ and comparisons/ (each with train and test files);
     None = the bundled demo data."""
+    reward_data: str = "comparisons"
+    """Folder of `data_dir` the reward model trains on: 'comparisons' (pairs) or 'rankings'
+    (K responses best first, InstructGPT's format); DPO always uses the comparisons."""
     task: str | None = "sentiment"
     """Gold judge of the evaluation ('sentiment', 'digits'); None when the task has none."""
     seed: int = 42
@@ -96,6 +99,7 @@ class PipelineConfig:
             self.task is None or self.task in REWARD_FUNCTIONS,
             f"None or one of {sorted(REWARD_FUNCTIONS)}",
         )
+        _require(self, "reward_data", bool(self.reward_data), "a folder name under data_dir")
         _require(self, "ppo_eval_every", self.ppo_eval_every >= 0, "an integer >= 0")
         _require(self, "ppo_eval_prompts", self.ppo_eval_prompts >= 1, "an integer >= 1")
 
@@ -104,7 +108,7 @@ class PipelineConfig:
         return Path(self.output_dir)
 
     def data(self, kind: str) -> str:
-        """The data folder of one kind: prompts, sft or comparisons."""
+        """The data folder of one kind: prompts, sft, comparisons or rankings."""
         return str(Path(self.data_dir) / kind if self.data_dir else DEMO_DATA_DIR / kind)
 
 
@@ -152,7 +156,7 @@ def stage_configs(config: PipelineConfig) -> Stages:
         config.reward,
         model=sft_final,
         output_dir=str(run / "reward"),
-        train_data=comparisons,
+        train_data=config.data(config.reward_data),
         eval_data=comparisons,
         normalize_data=sft_data,
         **split,

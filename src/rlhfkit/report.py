@@ -25,6 +25,7 @@ REPORT_FILE = "report.md"
 TABLE_COLUMNS = (
     "model",
     "gold",
+    "gold_se",
     "reward",
     "kl",
     "win_rate_rm",
@@ -230,7 +231,9 @@ def write_report(
         lines += ["PPO evaluation points:", "", format_table(ppo_points), ""]
     if result.get("best_of_n"):
         lines += [
-            "Best-of-n of the SFT model, picked by the reward model:",
+            f"Best-of-n of the SFT model, picked by the reward model, on the first "
+            f"{cfg.get('best_of_n_prompts', '?')} prompts: expected scores over every n-subset of "
+            f"a pool of {max(p['n'] for p in result['best_of_n'])} samples per prompt.",
             "",
             format_table(result["best_of_n"]),
             "",

@@ -134,6 +134,7 @@ class RewardModelScorer(Scorer):
 
     @torch.no_grad()
     def score(self, batch: ScoreInput) -> torch.Tensor:
+        self.model.eval()  # a scorer never runs dropout
         sequence = torch.cat([batch.query, batch.response], dim=1)  # (B, Tq + Tr)
         mask = torch.cat([batch.query_mask, batch.response_mask], dim=1)  # (B, Tq + Tr)
         return self.model(sequence, mask).float()  # (B,) at the last real token

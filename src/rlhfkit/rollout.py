@@ -72,31 +72,39 @@ class Rollout:
     def select(self, index: torch.Tensor) -> Rollout:
         """The rows ``index`` (a minibatch), with all-padding columns trimmed away.
 
-        Trimming the left-padding of the queries and the right-padding of the responses that
-        no row of the minibatch uses saves compute and changes no masked result.
+        Trimming the query columns (left padding) and response columns (right padding) that
+        no selected row uses saves compute and changes no masked result.
         """
         rows = index.tolist()
-        picked = {
-            f.name: [getattr(self, f.name)[i] for i in rows]
-            if isinstance(getattr(self, f.name), list)
-            else getattr(self, f.name)[index]
-            for f in dataclasses.fields(self)
-            if f.name != "timings"
-        }
-        used_query = picked["query_mask"].any(0).nonzero()
-        used_response = picked["response_mask"].any(0).nonzero()
-        q0 = int(used_query[0]) if len(used_query) else 0
-        r1 = int(used_response[-1]) + 1 if len(used_response) else 1
-        for name in ("query", "query_mask"):
-            picked[name] = picked[name][:, q0:]
-        for name, value in picked.items():
-            if (
-                isinstance(value, torch.Tensor)
-                and value.dim() == 2
-                and name not in ("query", "query_mask")
-            ):
-                picked[name] = value[:, :r1]
+        picked = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name != "timings":
+                picked[f.name] = (
+                    [value[i] for i in rows] if isinstance(value, list) else value[index]
+                )
+        first = int(picked["query_mask"].any(0).nonzero().min())
+        end = int(picked["response_mask"].any(0).nonzero().max()) + 1
+        for name in _QUERY_FIELDS:
+            picked[name] = picked[name][:, first:]
+        for name in _RESPONSE_FIELDS:
+            picked[name] = picked[name][:, :end]
         return Rollout(**picked)
+
+
+_QUERY_FIELDS = ("query", "query_mask")
+_RESPONSE_FIELDS = (
+    "response",
+    "response_mask",
+    "logprobs",
+    "ref_logprobs",
+    "entropy",
+    "values",
+    "kl",
+    "rewards",
+    "advantages",
+    "returns",
+)
 
 
 class ValueHeadLM(nn.Module):

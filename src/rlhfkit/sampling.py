@@ -30,8 +30,8 @@ from rlhfkit.config import DEMO_DATA, _require
 from rlhfkit.data import PromptRecord, encode_prompts, load_records
 from rlhfkit.evaluate import best_of_n_kl, sample_responses
 from rlhfkit.generation import SamplingConfig
-from rlhfkit.models import RewardModel, freeze, load_causal_lm, load_tokenizer
-from rlhfkit.rewards import FunctionScorer, RewardModelScorer, Scorer, load_function
+from rlhfkit.models import freeze, load_causal_lm, load_tokenizer
+from rlhfkit.rewards import FunctionScorer, Scorer, build_scorer
 from rlhfkit.tasks import REWARD_FUNCTIONS
 
 logger = logging.getLogger(__name__)
@@ -144,11 +144,11 @@ def load_scorer(spec: str) -> Scorer:
     """A scorer from its command-line spec: a reward model directory, a built-in task name
     (``rlhfkit.tasks.REWARD_FUNCTIONS``: 'sentiment', 'digits') or 'module:function'."""
     if Path(spec).is_dir():
-        return RewardModelScorer(freeze(RewardModel.from_pretrained(spec)), name=spec)
+        return build_scorer(spec)
     if spec in REWARD_FUNCTIONS:
         return FunctionScorer(REWARD_FUNCTIONS[spec], name=spec)
     if ":" in spec:
-        return FunctionScorer(load_function(spec), name=spec)
+        return build_scorer(None, [spec])
     raise ValueError(
         f"scorer={spec!r}: expected a reward model directory, one of "
         f"{sorted(REWARD_FUNCTIONS)}, or 'module:function'"

@@ -10,10 +10,12 @@ log-prob, as in the paper's experiments and TRL; DPO and cDPO use the sum over r
 Details and departures:
 - Chosen and rejected rows go through ONE forward (``data.PairCollator`` lays them out
   chosen-first), so both see the same weights and the step costs one batched pass.
-- Reference log-probs are by default computed once over the train and eval data before the
-  first step (TRL's ``precompute_ref_log_probs``); the reference model is then dropped. When no
-  separate reference is given, the starting policy itself provides them, so the reference
-  weights are never loaded twice. ``precompute_reference=False`` runs it every step instead.
+- Reference log-probs are by default computed once before the first step (TRL's
+  ``precompute_ref_log_probs``), for the eval pairs and the training pairs the run will visit
+  (TRL computes all; a run shorter than an epoch needs fewer); the reference model is then
+  dropped. When no separate reference is given, the starting policy itself provides them, so
+  the reference weights are never loaded twice. ``precompute_reference=False`` runs the
+  reference every step instead.
 - With LoRA the reference is the policy with its adapter disabled (``models.reference_mode``).
 - Rankings (K responses best first) are expanded into all K-choose-2 (better, worse) pairs.
 - Dropout is off by default: the implicit reward must be a deterministic function of the
@@ -57,7 +59,7 @@ from rlhfkit.ops.logprobs import shifted_logprobs
 from rlhfkit.ops.losses import dpo_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum, position_ids_from_mask
 from rlhfkit.trainers import checkpoint as ckpt
-from rlhfkit.trainers.loop import Batch, Trainer
+from rlhfkit.trainers.loop import Batch, Trainer, epoch_order
 
 logger = logging.getLogger(__name__)
 
@@ -202,19 +204,20 @@ class DPOTrainer(LoRACheckpoints, Trainer):
             config, model, list(train_pairs), collate, tokenizer=tokenizer, accelerator=accelerator
         )
         self.eval_pairs = list(eval_pairs or [])
+        self._policy_is_reference = False
         self.reference = None
         if reference is not None:
             if config.disable_dropout:
                 disable_dropout(reference)
             self.reference = freeze(reference).to(self.accelerator.device)
         if config.precompute_reference:
-            self.train_data = self.attach_reference_logps(self.train_data)
-            self.eval_pairs = self.attach_reference_logps(self.eval_pairs)
-            self.reference = None  # no longer needed: free its memory
+            self._precompute_reference()
 
     # ----------------------------------------------------------------- reference
     def reference_logps(self, batch: Batch) -> torch.Tensor:
-        """(R,) reference log-probs of a batch, without gradient."""
+        """(R,) reference log-probs of a batch, without gradient: the separate reference,
+        the LoRA model with its adapter off, or (only while precomputing, before any step)
+        the starting policy itself."""
         average = self.config.loss_type == "ipo"
         with torch.no_grad():
             if self.reference is not None:
@@ -222,13 +225,41 @@ class DPOTrainer(LoRACheckpoints, Trainer):
             if self.config.lora:
                 with reference_mode(self.unwrapped_model) as ref:
                     return sequence_logps(ref, batch, average)
-            # Precomputing with the untouched starting policy as its own reference.
+            if not self._policy_is_reference:
+                raise RuntimeError(
+                    "a batch without precomputed reference log-probs, and no reference model "
+                    "left to compute them (precompute_reference=True frees it)"
+                )
             was_training = self.model.training
             self.model.eval()
             try:
                 return sequence_logps(self.model, batch, average)
             finally:
                 self.model.train(was_training)
+
+    def _precompute_reference(self) -> None:
+        """Reference log-probs of the eval pairs and of the training pairs this run visits,
+        then drop the reference model. Runs before any step (also when resuming: the
+        checkpoint is loaded later, in `train`), so the starting policy can serve as the
+        reference without a copy."""
+        self._policy_is_reference = self.reference is None
+        visited = self._visited_indices()
+        chosen = [self.train_data[i] for i in visited]
+        for i, pair in zip(visited, self.attach_reference_logps(chosen), strict=True):
+            self.train_data[i] = pair
+        self.eval_pairs = self.attach_reference_logps(self.eval_pairs)
+        self.reference = None  # no longer needed: free its memory
+        self._policy_is_reference = False
+
+    def _visited_indices(self) -> list[int]:
+        """Training pairs the run will use: all once it reaches a second epoch, else the head
+        of epoch 0's order (the loop's order depends on (seed, epoch) only)."""
+        cfg, n = self.config, len(self.train_data)
+        visits = self.state.total_steps * cfg.gradient_accumulation_steps * cfg.batch_size
+        visits *= self.accelerator.num_processes
+        if visits >= n:
+            return list(range(n))
+        return sorted(int(i) for i in epoch_order(n, cfg.seed, 0)[:visits])
 
     def attach_reference_logps(self, pairs: Sequence[DPOPair]) -> list[DPOPair]:
         """The pairs with their reference log-probs, computed in batches of eval_batch_size."""

@@ -41,13 +41,19 @@ from rlhfkit.models import add_lora, freeze, load_causal_lm, load_tokenizer, ref
 from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
-from rlhfkit.ops.masks import masked_mean
-from rlhfkit.rewards import RunningMoments, ScoreInput, ScoreOptions, Scorer, process_scores
+from rlhfkit.ops.masks import masked_mean, masked_sum
+from rlhfkit.rewards import (
+    RunningMoments,
+    ScoreInput,
+    ScoreOptions,
+    Scorer,
+    build_scorer,
+    process_scores,
+)
 from rlhfkit.rollout import response_logits, sequence_inputs
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.dpo import LoRACheckpoints, disable_dropout
 from rlhfkit.trainers.loop import Batch, Trainer
-from rlhfkit.trainers.ppo import build_scorer
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +79,12 @@ class GRPOTrainer(LoRACheckpoints, Trainer):
             ``model`` with its adapter disabled). Not used when ``config.beta == 0``.
     """
 
-    plot_keys = ("train/score_mean", "train/kl", "train/entropy", "train/response_length")
+    plot_keys = (
+        "train/score/mean",
+        "train/kl/ref",
+        "train/policy/entropy",
+        "train/response/length",
+    )
 
     def __init__(
         self,
@@ -185,33 +196,36 @@ class GRPOTrainer(LoRACheckpoints, Trainer):
         loss, pg_stats = ppo_policy_loss(
             logprobs, logprobs.detach(), token_advantages, mask, cfg.clip_range
         )
-        metrics: dict[str, Any] = {"loss_policy": loss.detach()}
+        metrics: dict[str, Any] = {"loss/policy": loss.detach()}
         if cfg.beta > 0:
             ref_logprobs = self.reference_logprobs(inputs, response)  # (B, Tr)
             kl = masked_mean(kl_k3(logprobs, ref_logprobs), mask)
             loss = loss + cfg.beta * kl
-            metrics["kl"] = kl.detach()
+            metrics["loss/kl_k3"] = kl.detach()
+            # Per response, summed over tokens, k1: the same number PPO logs as kl/ref.
+            metrics["kl/ref"] = masked_sum(logprobs.detach() - ref_logprobs, mask) / len(mask)
         with torch.no_grad():
-            metrics["entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask)
+            metrics["policy/entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask)
         metrics.update(self._sample_stats(raw_scores, advantages, mask, eos_emitted, pg_stats))
-        metrics["time_generate"] = generated - started
-        metrics["time_update_forward"] = time.perf_counter() - generated
+        metrics["time/generate"] = generated - started
+        metrics["time/update_forward"] = time.perf_counter() - generated
         self._log_samples(samples, raw_scores, advantages)
         return loss, metrics
 
     def _sample_stats(self, raw_scores, advantages, mask, eos_emitted, pg_stats) -> dict:
+        """Metrics named as PPO's (`rollout.rollout_stats`) where they mean the same."""
         grouped = raw_scores.view(-1, self.config.num_generations)  # (P, k)
         group_std = grouped.std(dim=1)  # (P,)
         return {
-            "score_mean": raw_scores.mean(),
-            "score_std": raw_scores.std(),
-            "score_group_std": group_std.mean(),
-            "frac_groups_zero_std": (group_std == 0).float().mean(),
-            "advantage_abs_mean": advantages.abs().mean(),
-            "response_length": mask.sum(1).float().mean(),
-            "eos_fraction": eos_emitted.float().mean(),
-            "clipfrac": pg_stats["clipfrac"],
-            "ratio": pg_stats["ratio"],
+            "score/mean": raw_scores.mean(),
+            "score/std": raw_scores.std(),
+            "score/group_std": group_std.mean(),
+            "score/groups_without_signal": (group_std == 0).float().mean(),
+            "advantage/abs_mean": advantages.abs().mean(),
+            "response/length": mask.sum(1).float().mean(),
+            "response/eos_rate": eos_emitted.float().mean(),
+            "policy/clipfrac": pg_stats["clipfrac"],
+            "policy/ratio": pg_stats["ratio"],
         }
 
     def _log_samples(self, samples: ScoreInput, scores, advantages) -> None:
@@ -281,7 +295,7 @@ def run_grpo(config: GRPOConfig) -> Path:
         eval_prompts = load_prompts(
             config.eval_data, config.eval_split, tokenizer, length, config.max_eval_samples
         )
-    scorer = build_scorer(config)
+    scorer = build_scorer(config.reward_model, config.reward_functions, config.reward_weights)
     trainer = GRPOTrainer(
         config, model, tokenizer, prompts, scorer, eval_prompts, reference=reference
     )

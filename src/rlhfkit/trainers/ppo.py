@@ -15,6 +15,12 @@ Departures from TRL 1.12: one AdamW over policy and critic, but gradients are cl
 model (the value loss's larger gradients would otherwise shrink the policy's step); minibatch
 order comes from a seeded generator saved in checkpoints, so a resumed run is exact;
 padding columns a minibatch does not use are trimmed before its forward pass.
+
+Speed (measured on the issue's CPU workload, see benchmarks/bench_ppo.py): the LM head runs
+only on response positions (``logits_to_keep``); optional bf16 autocast keeps fp32 weights,
+optimiser and loss math; AdamW is the fused kernel; GPT-2's Python GELU is replaced by torch's
+fused one (``rollout.prepare_model``); the rollout's entropy is logged instead of a per-
+minibatch (b, Tr, V) entropy pass when there is no entropy bonus.
 """
 
 from __future__ import annotations
@@ -23,10 +29,10 @@ import dataclasses
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
 
@@ -47,6 +53,7 @@ from rlhfkit.rewards import (
     FixedKLController,
     RunningMoments,
     Scorer,
+    as_scorer,
     build_scorer,
 )
 from rlhfkit.rollout import (
@@ -103,7 +110,8 @@ def _accumulate(totals: dict[str, float], values: dict[str, float], weight: floa
 
 
 class PPOTrainer:
-    """PPO on ``prompts`` (token id lists) against ``scorer``.
+    """PPO on ``prompts`` (token id lists) against ``scorer`` (a ``Scorer``, a reward model, or
+    a Python function ``f(prompts, responses) -> list[float]``).
 
     ``reference=None`` needs a LoRA policy (the adapter is disabled for the reference);
     ``critic=None`` needs a ``ValueHeadLM`` policy. ``ptx_examples`` are ``SFTExample``s.
@@ -115,7 +123,7 @@ class PPOTrainer:
         policy: nn.Module,
         tokenizer,
         prompts: list[list[int]],
-        scorer: Scorer,
+        scorer: Scorer | nn.Module | Callable,
         *,
         reference: nn.Module | None = None,
         critic: nn.Module | None = None,
@@ -131,8 +139,10 @@ class PPOTrainer:
             raise ValueError("ptx_coef > 0 needs ptx_examples")
         self.config, self.tokenizer, self.prompts = config, tokenizer, prompts
         self.ptx_examples = ptx_examples or []
-        self.accelerator = Accelerator(cpu=config.cpu, mixed_precision=config.mixed_precision)
-        device = self.accelerator.device
+        # Not an accelerate.Accelerator: its state is a process-wide singleton whose precision
+        # cannot change, and a pipeline runs fp32 SFT before a bf16 PPO in one process.
+        device = torch.device("cuda" if torch.cuda.is_available() and not config.cpu else "cpu")
+        self.device = device
         for model in (policy, reference, critic):
             if model is not None:
                 model.to(device)
@@ -140,7 +150,7 @@ class PPOTrainer:
         if reference is not None:
             freeze(reference)
         self.policy, self.critic = policy, critic
-        self.scorer = scorer.to(device)
+        self.scorer = as_scorer(scorer).to(device)
         self.models = RolloutModels(policy, reference, critic)
         self.trainable = nn.ModuleDict({"policy": policy, **({"critic": critic} if critic else {})})
         self.optimizer = _fused_adamw(build_optimizer(self.trainable, config))
@@ -160,6 +170,11 @@ class PPOTrainer:
         self.output_dir = Path(config.output_dir)
         self._prepared = False  # resume / clean-up happen on the first train() call only
 
+    def autocast(self) -> torch.autocast:
+        """bf16 autocast when ``mixed_precision="bf16"`` (weights and loss math stay fp32)."""
+        bf16 = self.config.mixed_precision == "bf16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
+
     # ----------------------------------------------------------------- one iteration
     def step(self) -> tuple[dict[str, float], Rollout]:
         """One PPO iteration: make a rollout, then update on it. Returns metrics and rollout."""
@@ -176,7 +191,7 @@ class PPOTrainer:
             self.kl_controller.value,
             self.moments,
             self.sample_generator,
-            self.accelerator.autocast,
+            self.autocast,
         )
         update_started = time.perf_counter()
         metrics = {**rollout_stats(rollout), **self.update(rollout)}
@@ -198,7 +213,7 @@ class PPOTrainer:
             for minibatch in order.to(rollout.query.device).split(cfg.minibatch_size):
                 stats: dict[str, float] = {}
                 for micro in minibatch.split(cfg.batch_size):
-                    with self.accelerator.autocast():
+                    with self.autocast():
                         loss, micro_stats = self._loss(rollout.select(micro))
                     (loss / cfg.gradient_accumulation_steps).backward()
                     _accumulate(stats, micro_stats, 1 / cfg.gradient_accumulation_steps)
@@ -280,7 +295,7 @@ class PPOTrainer:
         setattr(self.state, f"{stream}_epoch", epoch)
         setattr(self.state, f"{stream}_index", index + 1)
         batch = collate([examples[int(i)] for i in order[index * size : (index + 1) * size]])
-        return {k: v.to(self.accelerator.device) for k, v in batch.items() if torch.is_tensor(v)}
+        return {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
 
     # ----------------------------------------------------------------- the run
     def train(self, stop_after: int | None = None) -> PPOState:

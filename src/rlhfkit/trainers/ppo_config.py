@@ -39,7 +39,7 @@ class PPOConfig(TrainConfig):
     """Log metrics every this many PPO iterations."""
     save_every: int = 0
     """Write a checkpoint every this many PPO iterations; 0 only at the end."""
-    train_data: str = f"{DEMO_DATA}/prompts_train.jsonl"
+    train_data: str = f"{DEMO_DATA}/prompts"
     """Prompts (any record kind with a prompt): .jsonl/.json/.parquet, dataset dir or hub name."""
     train_split: str = "train"
     """Split to read from `train_data` when it is a dataset with splits."""

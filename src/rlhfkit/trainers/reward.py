@@ -91,6 +91,20 @@ def ranking_metrics(scores: torch.Tensor, valid: torch.Tensor) -> dict[str, floa
     return metrics
 
 
+def preference_loss(
+    table: torch.Tensor, valid: torch.Tensor, loss: str = "logsigmoid", margin: float | None = None
+) -> torch.Tensor:
+    """The pairwise `loss` ("logsigmoid" with optional `margin`, or "logexp") when the batch
+    holds only pairs (K = 2), else InstructGPT's K-way ranking loss over the (N, K) table."""
+    if table.shape[1] > 2:
+        return ranking_loss(table, valid)
+    chosen, rejected = table[:, 0], table[:, 1]  # (N,) each
+    if loss == "logexp":
+        return pairwise_logexp_loss(chosen, rejected)
+    margins = None if margin is None else torch.full_like(chosen, margin)
+    return pairwise_logsigmoid_loss(chosen, rejected, margins)
+
+
 class RewardTrainer(Trainer):
     """Train a `RewardModel` on `PreferenceExample`s (pairs or best-first rankings)."""
 
@@ -117,19 +131,9 @@ class RewardTrainer(Trainer):
         scores = self.model(batch["input_ids"], batch["attention_mask"])  # (R,)
         return ranked_scores(scores.float(), batch["group"], batch["rank"])
 
-    def preference_loss(self, table: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """The configured pairwise loss for pairs, the K-way ranking loss otherwise."""
-        if table.shape[1] > 2:
-            return ranking_loss(table, valid)
-        chosen, rejected = table[:, 0], table[:, 1]  # (N,) each
-        if self.config.loss == "logexp":
-            return pairwise_logexp_loss(chosen, rejected)
-        margin = None if self.config.margin is None else torch.full_like(chosen, self.config.margin)
-        return pairwise_logsigmoid_loss(chosen, rejected, margin)
-
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
         table, valid = self.score_table(batch)
-        loss = self.preference_loss(table, valid)
+        loss = preference_loss(table, valid, self.config.loss, self.config.margin)
         with torch.no_grad():
             metrics = ranking_metrics(table, valid)
             metrics["score_best"] = table[:, 0].mean().item()
