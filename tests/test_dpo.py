@@ -6,13 +6,14 @@ the same words ending with "?". Held-out pairs use subject/verb combinations nev
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import _OBJECTS, _SUBJECTS, _VERBS
-from rlhfkit.config import ConfigError, DPOConfig
+from rlhfkit.config import ConfigError, DPOConfig, load_config
 from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
 from rlhfkit.trainers.dpo import (
     DPOCollator,
@@ -254,3 +255,11 @@ def test_disable_dropout_makes_train_mode_deterministic(tiny_model):
 def test_config_errors_name_the_field(fields, field):
     with pytest.raises(ConfigError, match=f"DPOConfig.{field} = "):
         DPOConfig(**fields)
+
+
+def test_shipped_config_loads_and_points_at_the_demo_data():
+    root = Path(__file__).resolve().parents[1]
+    config = load_config(DPOConfig, root / "configs" / "dpo.yaml")
+    assert config.output_dir == "runs/dpo" and config.precompute_reference
+    for path in (config.train_data, config.eval_data):
+        assert (root / path).is_dir(), path

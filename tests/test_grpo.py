@@ -2,13 +2,14 @@
 learnable reward with the reference unchanged, LoRA reference, the command end to end."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from conftest import tiny_corpus
-from rlhfkit.config import ConfigError, GRPOConfig, RLOOConfig
+from rlhfkit.config import ConfigError, GRPOConfig, RLOOConfig, load_config
 from rlhfkit.data import PromptCollator
 from rlhfkit.ops.advantages import group_advantages
 from rlhfkit.rewards import Scorer
@@ -219,3 +220,13 @@ def test_config_checks():
         GRPOConfig()
     with pytest.raises(ConfigError, match="GRPOConfig.advantage = 'ppo'"):
         GRPOConfig(reward_functions=["m:f"], advantage="ppo")
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "advantage"), [("grpo", GRPOConfig, "grpo"), ("rloo", RLOOConfig, "rloo")]
+)
+def test_shipped_configs_load(name, cls, advantage):
+    root = Path(__file__).resolve().parents[1]
+    config = load_config(cls, root / "configs" / f"{name}.yaml")
+    assert config.advantage == advantage and config.output_dir == f"runs/{name}"
+    assert (root / config.train_data).is_dir()

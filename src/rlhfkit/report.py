@@ -94,32 +94,23 @@ def plot_overoptimization(
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     panels = (("gold", "gold score"), ("reward", "proxy (reward model)"))
+    curves = (
+        (ppo_points, "PPO", "o", lambda p: f"it {p['iteration']}"),
+        (best_of_n, "best-of-n", "s", lambda p: f"n={p['n']}"),
+    )
     for ax, (key, title) in zip(axes, panels, strict=True):
-        for points, label, marker in ((ppo_points, "PPO", "o"), (best_of_n, "best-of-n", "s")):
+        for points, label, marker, name in curves:
             points = [p for p in points if p.get(key) is not None]
             if points:
                 ax.plot(
                     [p["kl"] for p in points], [p[key] for p in points], marker=marker, label=label
                 )
-        for p in best_of_n:
-            if p.get(key) is not None:
-                ax.annotate(
-                    f"n={p['n']}",
-                    (p["kl"], p[key]),
-                    fontsize=7,
-                    textcoords="offset points",
-                    xytext=(3, -9),
-                )
+            for p in points:
+                _label(ax, p["kl"], p[key], name(p), size=7, below=True)
         for row in rows:
             if row.get(key) is not None and row.get("kl") is not None:
                 ax.scatter([row["kl"]], [row[key]], marker="x", color="black", zorder=3)
-                ax.annotate(
-                    row["model"],
-                    (row["kl"], row[key]),
-                    fontsize=8,
-                    textcoords="offset points",
-                    xytext=(4, 4),
-                )
+                _label(ax, row["kl"], row[key], row["model"], size=8, below=False)
         ax.set_xlabel("KL(policy || SFT), nats")
         ax.set_ylabel(title)
         ax.set_title(f"{title} against KL")
@@ -131,6 +122,12 @@ def plot_overoptimization(
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
     return png_path
+
+
+def _label(ax, x: float, y: float, text: str, *, size: int, below: bool) -> None:
+    """A small text label next to a point (below-right for curves, above-right for models)."""
+    offset = (3, -9) if below else (4, 4)
+    ax.annotate(text, (x, y), fontsize=size, textcoords="offset points", xytext=offset)
 
 
 # --------------------------------------------------------------------------- markdown
