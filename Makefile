@@ -20,8 +20,8 @@ demo: $(STAMP)
 	$(BIN)/rlhfkit demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/ruff check src tests benchmarks scripts examples
+	$(BIN)/ruff format --check src tests benchmarks scripts examples
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)

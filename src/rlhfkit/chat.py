@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlhfkit.config import ConfigError
-from rlhfkit.data import Message
+from rlhfkit.data import Message, pad
 from rlhfkit.env import LMAgent, parse_scorer, score_texts, token_budget
 from rlhfkit.generation import SamplingConfig
 from rlhfkit.rewards import Scorer
@@ -119,6 +119,76 @@ def run_chat(config: ChatConfig) -> None:
         scorer.to(agent.device)
     print(BANNER.format(model=config.model), flush=True)
     chat_loop(agent, scorer, system=config.system)
+
+
+@dataclass
+class SampleConfig:
+    """Print sampled continuations of prompts, to see what any checkpoint writes."""
+
+    model: str
+    """Checkpoint directory (or hub name) of a causal LM and its tokenizer."""
+    prompt: str | list[str]
+    """The prompt to continue as is (no chat rendering), or a list of them: '["A", "B"]'."""
+    num_samples: int = 3
+    """Continuations per prompt."""
+    max_new_tokens: int = 40
+    """The longest continuation, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 keeps all."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    greedy: bool = False
+    """Always take the most likely token (one sample per prompt is then enough)."""
+    reward: str | None = None
+    """Scorer shown beside each continuation (as in `rlhfkit chat --reward`); None shows none."""
+    seed: int = 0
+    """Seed of the sampler."""
+
+    def __post_init__(self) -> None:
+        if self.num_samples < 1:
+            raise ConfigError(f"SampleConfig.num_samples={self.num_samples}: must be >= 1")
+        if not self.prompt:
+            raise ConfigError("SampleConfig.prompt is empty: give at least one --prompt")
+        try:
+            self.sampling  # noqa: B018 (SamplingConfig checks the sampling fields)
+        except ValueError as error:
+            raise ConfigError(f"SampleConfig.{error}") from error
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            greedy=self.greedy,
+        )
+
+
+def run_sample(config: SampleConfig) -> None:
+    """Sample ``num_samples`` continuations of every prompt in one batch and print them."""
+    logging.getLogger("rlhfkit.data").setLevel(logging.WARNING)
+    agent = LMAgent.from_pretrained(config.model, sampling=config.sampling, seed=config.seed)
+    tok = agent.tokenizer
+    given = [config.prompt] if isinstance(config.prompt, str) else config.prompt
+    prompts = [p for p in given for _ in range(config.num_samples)]
+    ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    query, query_mask = pad(ids, tok.pad_token_id, side="left")
+    out = agent._generate(query.to(agent.device), query_mask.to(agent.device))
+    texts = [
+        tok.decode(row[mask.bool()], skip_special_tokens=True)
+        for row, mask in zip(out.response, out.response_mask, strict=True)
+    ]
+    scores = None
+    if config.reward is not None:
+        scorer = parse_scorer(config.reward, tokenizer=tok, model=agent.model)
+        scorer.to(agent.device)
+        scores = score_texts(scorer, tok, prompts, texts, token_budget(tok), agent.device)
+    for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
+        shown = f"[{scores[i].item():+.3f}] " if scores is not None else ""
+        print(f"{shown}{prompt} |{text}")
 
 
 if __name__ == "__main__":

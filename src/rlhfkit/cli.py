@@ -49,10 +49,20 @@ COMMANDS: dict[str, Command] = {
         "reward model on comparisons or K-way rankings (InstructGPT step 2)",
         aliases=("reward",),
     ),
+    "ppo": Command(
+        "rlhfkit.trainers.ppo_config:PPOConfig",
+        "rlhfkit.trainers.ppo:run_ppo",
+        "PPO against the reward model with a KL penalty to the SFT model (InstructGPT step 3)",
+    ),
     "chat": Command(
         "rlhfkit.chat:ChatConfig",
         "rlhfkit.chat:run_chat",
         "talk to a checkpoint in the terminal, each reply's reward shown",
+    ),
+    "sample": Command(
+        "rlhfkit.chat:SampleConfig",
+        "rlhfkit.chat:run_sample",
+        "print sampled continuations of prompts, to see what a checkpoint writes",
     ),
     "pipeline": Command(
         "rlhfkit.pipeline:PipelineConfig",

@@ -4,6 +4,7 @@
 - `checkpoint`: pickle-free checkpoint files (safetensors + JSON), RNG states, rotation.
 - `sft`: supervised fine-tuning (`SFTTrainer`, `run_sft`).
 - `reward`: reward model on pairs and K-way rankings (`RewardTrainer`, `run_reward`).
+- `ppo`, `ppo_config`: InstructGPT's PPO step (`PPOTrainer`, `run_ppo`, `PPOConfig`).
 
 Names are imported lazily, so `import rlhfkit.trainers.loop` does not load every stage.
 """
@@ -20,6 +21,9 @@ _EXPORTS = {
     "run_sft": "sft",
     "RewardTrainer": "reward",
     "run_reward": "reward",
+    "PPOConfig": "ppo_config",
+    "PPOTrainer": "ppo",
+    "run_ppo": "ppo",
 }
 
 __all__ = list(_EXPORTS)
