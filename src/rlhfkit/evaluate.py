@@ -493,65 +493,98 @@ def side_by_side(named: dict[str, PolicySamples], count: int) -> list[dict]:
     return rows
 
 
+@dataclass
+class _Setup:
+    """What every part of ``evaluate`` shares: prompts, sampling, scorers, the reference."""
+
+    tokenizer: Any
+    prompts: list[list[int]]
+    sampling: SamplingConfig
+    reward_model: nn.Module | None
+    reference: nn.Module
+    common: dict[str, Any]  # reward, gold, seed, batch_size for evaluate_policy
+
+    @classmethod
+    def load(cls, config: EvalConfig) -> _Setup:
+        device = _device(config)
+        tokenizer = load_tokenizer(config.reference, padding_side="left")
+        records = load_records(
+            config.prompts, "prompts", split=config.split, limit=config.max_prompts
+        )
+        prompts, _ = encode_prompts(records, tokenizer, config.max_prompt_length)
+        rm = None
+        if config.reward_model is not None:
+            rm = freeze(RewardModel.from_pretrained(config.reward_model)).to(device)
+        common = {
+            "reward": None if rm is None else RewardModelScorer(rm),
+            "gold": gold_scorer(config.task),
+            "seed": config.seed,
+            "batch_size": config.batch_size,
+        }
+        sampling = SamplingConfig(config.max_new_tokens, config.temperature)
+        reference = _load_lm(config.reference, tokenizer, device)
+        return cls(tokenizer, prompts, sampling, rm, reference, common)
+
+    def run(self, model: nn.Module, prompts: Sequence[Sequence[int]] | None = None):
+        """Samples of ``model`` on the prompts, scored, with their KL to the reference."""
+        return evaluate_policy(
+            model,
+            self.reference,
+            self.tokenizer,
+            prompts or self.prompts,
+            self.sampling,
+            **self.common,
+        )
+
+
+def _evaluate_models(config: EvalConfig, setup: _Setup) -> dict[str, PolicySamples]:
+    """Samples of the reference (key None) and of every model of ``config.models``."""
+    logger.info("eval: the reference %s on %d prompts", config.reference, len(setup.prompts))
+    named: dict[str | None, PolicySamples] = {None: setup.run(setup.reference)}
+    for name, path in config.models.items():
+        if Path(path).resolve() == Path(config.reference).resolve():
+            named[name] = named[None]
+            continue
+        logger.info("eval: %s (%s)", name, path)
+        named[name] = setup.run(_load_lm(path, setup.tokenizer, model_device(setup.reference)))
+    return named
+
+
 def evaluate(config: EvalConfig) -> list[dict]:
     """Evaluate every model of ``config`` (plus best-of-n of the reference) on the held-out
     prompts; write everything to ``config.output`` and return the results table."""
     from rlhfkit.trainers.checkpoint import write_json
 
-    device = _device(config)
-    tokenizer = load_tokenizer(config.reference, padding_side="left")
-    records = load_records(config.prompts, "prompts", split=config.split, limit=config.max_prompts)
-    prompts, _ = encode_prompts(records, tokenizer, config.max_prompt_length)
-    sampling = SamplingConfig(config.max_new_tokens, config.temperature)
-    reward = None
-    rm = None
-    if config.reward_model is not None:
-        rm = freeze(RewardModel.from_pretrained(config.reward_model)).to(device)
-        reward = RewardModelScorer(rm)
-    gold = gold_scorer(config.task)
-    reference = _load_lm(config.reference, tokenizer, device)
-    common = {"reward": reward, "gold": gold, "seed": config.seed, "batch_size": config.batch_size}
-
-    def run(model: nn.Module) -> PolicySamples:
-        return evaluate_policy(model, reference, tokenizer, prompts, sampling, **common)
-
-    logger.info("eval: sampling the reference %s on %d prompts", config.reference, len(prompts))
-    baseline = run(reference)
-    named: dict[str, PolicySamples] = {}
-    for name, path in config.models.items():
-        if Path(path).resolve() == Path(config.reference).resolve():
-            named[name] = baseline
-            continue
-        logger.info("eval: %s (%s)", name, path)
-        model = _load_lm(path, tokenizer, device)
-        named[name] = run(model)
-        del model
+    setup = _Setup.load(config)
+    named = _evaluate_models(config, setup)
+    baseline = named.pop(None)
+    size = len(setup.prompts)
     table = [
-        {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": len(prompts)}
+        {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": size}
         for n, s in named.items()
     ]
     curve = []
-    if reward is not None and config.best_of_n:
-        logger.info(
-            "eval: best-of-%d of the reference on %d prompts",
-            max(config.best_of_n),
-            min(config.best_of_n_prompts, len(prompts)),
-        )
-        bon_prompts = prompts[: config.best_of_n_prompts]
-        curve, picks = best_of_n_curve(
-            reference, tokenizer, bon_prompts, sampling, config.best_of_n, **common
-        )
+    if setup.reward_model is not None and config.best_of_n:
+        bon_prompts = setup.prompts[: config.best_of_n_prompts]
         name = f"best-of-{max(config.best_of_n)}"
-        named[name] = picks
-        row = summarize(name, picks, baseline.first(len(bon_prompts)))
+        logger.info("eval: %s of the reference on %d prompts", name, len(bon_prompts))
+        curve, named[name] = best_of_n_curve(
+            setup.reference,
+            setup.tokenizer,
+            bon_prompts,
+            setup.sampling,
+            config.best_of_n,
+            **setup.common,
+        )
+        row = summarize(name, named[name], baseline.first(len(bon_prompts)))
         table.append({**row, "kl_method": "analytic", "prompts": len(bon_prompts)})
     accuracy = None
-    if rm is not None and config.comparisons:
+    if setup.reward_model is not None and config.comparisons:
         comparisons = load_records(
             config.comparisons, "comparisons", split=config.split, limit=config.max_comparisons
         )
         gold_fn = None if config.task is None else REWARD_FUNCTIONS[config.task]
-        accuracy = reward_model_accuracy(rm, tokenizer, comparisons, gold_fn)
+        accuracy = reward_model_accuracy(setup.reward_model, setup.tokenizer, comparisons, gold_fn)
     result = {
         "rows": table,
         "best_of_n": curve,
