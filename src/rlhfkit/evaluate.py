@@ -525,15 +525,10 @@ class _Setup:
         reference = _load_lm(config.reference, tokenizer, device)
         return cls(tokenizer, prompts, sampling, rm, reference, common)
 
-    def run(self, model: nn.Module, prompts: Sequence[Sequence[int]] | None = None):
+    def run(self, model: nn.Module) -> PolicySamples:
         """Samples of ``model`` on the prompts, scored, with their KL to the reference."""
         return evaluate_policy(
-            model,
-            self.reference,
-            self.tokenizer,
-            prompts or self.prompts,
-            self.sampling,
-            **self.common,
+            model, self.reference, self.tokenizer, self.prompts, self.sampling, **self.common
         )
 
 
