@@ -271,7 +271,11 @@ class PPOEvalPoints:
                 seed=self.eval.seed,
                 batch_size=self.eval.batch_size,
             )
-        point = {"kl": samples.kl.mean().item(), "reward": samples.reward.mean().item()}
+        point = {
+            "kl": samples.kl.mean().item(),
+            "reward": samples.reward.mean().item(),
+            "prompts": len(self.prompts),
+        }
         if samples.gold is not None:
             point["gold"] = samples.gold.mean().item()
         with Tracker(self.dir, tensorboard=trainer.config.tensorboard) as tracker:
@@ -284,7 +288,11 @@ def ppo_points(run_dir: Path) -> list[dict]:
     """The PPO evaluation points, as the report tabulates them."""
     rows = read_jsonl(run_dir / PPO_EVAL_DIR / "metrics.jsonl")
     return [
-        {"iteration": r["step"], "kl": r["kl"], "reward": r["reward"], "gold": r.get("gold")}
+        {
+            "iteration": r["step"],
+            **{k: r.get(k) for k in ("kl", "reward", "gold")},
+            "prompts": int(r.get("prompts", 0)),  # the tracker stores every value as a float
+        }
         for r in rows
     ]
 
