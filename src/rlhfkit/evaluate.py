@@ -51,7 +51,7 @@ from rlhfkit.ops.logprobs import token_logprobs
 from rlhfkit.ops.masks import masked_sum
 from rlhfkit.rewards import FunctionScorer, RewardModelScorer, ScoreInput, Scorer
 from rlhfkit.rollout import response_logits, sequence_inputs
-from rlhfkit.tasks import REWARD_FUNCTIONS, distinct_n
+from rlhfkit.tasks import DEMO_DATA_DIR, REWARD_FUNCTIONS, distinct_n
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,8 @@ class EvalConfig:
     """Reward model directory (the proxy score); None skips reward and best-of-n."""
     task: str | None = "sentiment"
     """Gold judge from ``rlhfkit.tasks.REWARD_FUNCTIONS`` ('sentiment', 'digits'); None = none."""
-    prompts: str = "src/rlhfkit/assets/data/demo/prompts"
-    """Held-out prompts (any record kind with a prompt)."""
+    prompts: str = str(DEMO_DATA_DIR / "prompts")
+    """Held-out prompts (any record kind with a prompt); default: the bundled demo prompts."""
     split: str = "test"
     """Split of ``prompts`` (and of ``comparisons``) to read."""
     max_prompts: int | None = 256

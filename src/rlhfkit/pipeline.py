@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import time
 from argparse import ArgumentError
 from collections.abc import Callable
@@ -229,8 +230,11 @@ def run_ppo_stage(config: PipelineConfig, stages: Stages) -> None:
     if config.ppo_eval_every == 0:
         trainer.train()
         return
+    fresh = not stages.ppo.resume or ckpt.latest_checkpoint(stages.ppo.output_dir) is None
+    if fresh:  # points of an earlier run would mix with this one's
+        shutil.rmtree(config.run_dir / PPO_EVAL_DIR, ignore_errors=True)
     points = PPOEvalPoints(config, stages, trainer)
-    if ckpt.latest_checkpoint(stages.ppo.output_dir) is None:
+    if fresh:
         points.record(0)  # the SFT model itself: KL 0, the curves' origin
     while not trainer.state.complete:
         trainer.train(stop_after=config.ppo_eval_every)
