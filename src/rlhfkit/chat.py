@@ -92,20 +92,11 @@ class ChatConfig:
     """Seed of the sampler, for reproducible replies; None draws a fresh one."""
 
     def __post_init__(self) -> None:
-        try:
-            self.sampling  # noqa: B018 (SamplingConfig checks the sampling fields)
-        except ValueError as error:
-            raise ConfigError(f"ChatConfig.{error}") from error
+        self.sampling  # noqa: B018 (checks the sampling fields)
 
     @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            greedy=self.greedy,
-        )
+        return _sampling_of(self)
 
 
 def run_chat(config: ChatConfig) -> None:
@@ -151,20 +142,11 @@ class SampleConfig:
             raise ConfigError(f"SampleConfig.num_samples={self.num_samples}: must be >= 1")
         if not self.prompt:
             raise ConfigError("SampleConfig.prompt is empty: give at least one --prompt")
-        try:
-            self.sampling  # noqa: B018 (SamplingConfig checks the sampling fields)
-        except ValueError as error:
-            raise ConfigError(f"SampleConfig.{error}") from error
+        self.sampling  # noqa: B018 (checks the sampling fields)
 
     @property
     def sampling(self) -> SamplingConfig:
-        return SamplingConfig(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            greedy=self.greedy,
-        )
+        return _sampling_of(self)
 
 
 def run_sample(config: SampleConfig) -> None:
@@ -189,6 +171,20 @@ def run_sample(config: SampleConfig) -> None:
     for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
         shown = f"[{scores[i].item():+.3f}] " if scores is not None else ""
         print(f"{shown}{prompt} |{text}")
+
+
+def _sampling_of(config: ChatConfig | SampleConfig) -> SamplingConfig:
+    """The sampling settings of a terminal command, checked; errors name the config field."""
+    try:
+        return SamplingConfig(
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            greedy=config.greedy,
+        )
+    except ValueError as error:
+        raise ConfigError(f"{type(config).__name__}.{error}") from error
 
 
 if __name__ == "__main__":
