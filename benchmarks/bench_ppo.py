@@ -166,16 +166,16 @@ def main() -> None:
         "--profile", action="store_true", help="profile iteration 2 with torch.profiler"
     )
     ap.add_argument(
-        "--attn", default=None, help="attention kernel (default: eager with bf16, else sdpa)"
+        "--attn",
+        choices=["eager", "sdpa"],
+        default=None,
+        help="attention kernel (default: PPOConfig's choice, eager with bf16 on CPU)",
     )
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     what, tokenizer, policy, reference, critic, reward_model, prompt_file = load_models(args.assets)
-    attn = args.attn or ("sdpa" if args.fp32 else "eager")
-    for model in (policy, reference, critic.backbone, reward_model.backbone):
-        model.set_attn_implementation(attn)
     prompts = [tokenizer(p)["input_ids"] for p in _prompt_texts(prompt_file, 512)]
     config = PPOConfig(
         model="in-memory",
@@ -195,6 +195,7 @@ def main() -> None:
         cpu=True,
         seed=42,
         tensorboard=False,
+        attn_implementation=args.attn,
     )
     trainer = PPOTrainer(
         config,
@@ -234,7 +235,7 @@ def main() -> None:
     result = {
         "models": what,
         "dtype": "fp32" if args.fp32 else "bf16 autocast (fp32 weights, fp32 loss math)",
-        "attention": attn,
+        "attention": config.attention or "the model's own (sdpa)",
         "threads": args.threads,
         "iterations": len(rows),
         "sec_per_iter_median": median("time/iteration"),

@@ -26,6 +26,7 @@ from rlhfkit.config import (
         (RewardConfig, "loss", "hinge", "one of 'logsigmoid', 'logexp'"),
         (TrainConfig, "mixed_precision", "fp16", "one of 'no', 'bf16'"),
         (TrainConfig, "adam_beta2", 1.0, "a number in [0, 1)"),
+        (TrainConfig, "attn_implementation", "flash", "one of 'eager', 'sdpa', None"),
     ],
 )
 def test_bad_value_names_field_value_and_allowed(cls, field, value, allowed):
@@ -49,6 +50,14 @@ def test_derived_values_are_properties():
     assert config.warmup_for(200) == 20
     assert str(config.final_dir) == "runs/sft/final"
     assert "effective_batch_size" not in config.to_dict()
+
+
+def test_attention_defaults_to_eager_for_bf16_on_cpu():
+    assert TrainConfig(cpu=True).attention is None  # fp32: the model's own kernel
+    assert TrainConfig(cpu=True, mixed_precision="bf16").attention == "eager"
+    assert TrainConfig(cpu=True, mixed_precision="bf16", attn_implementation="sdpa").attention == (
+        "sdpa"
+    )
 
 
 def test_yaml_then_cli_args_then_keywords(tmp_path):

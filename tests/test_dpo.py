@@ -15,11 +15,11 @@ from transformers import AutoModelForCausalLM
 from conftest import _OBJECTS, _SUBJECTS, _VERBS
 from rlhfkit.config import ConfigError, DPOConfig, load_config
 from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
+from rlhfkit.models import disable_dropout
 from rlhfkit.trainers.dpo import (
     DPOCollator,
     DPOPair,
     DPOTrainer,
-    disable_dropout,
     preference_pairs,
     sequence_logps,
 )

@@ -20,6 +20,7 @@ from rlhfkit.models import (
     load_reference,
     load_tokenizer,
     merge_lora,
+    prepare_model,
     reference_mode,
     save_pretrained_atomic,
 )
@@ -288,3 +289,23 @@ def test_atomic_save_replaces_and_survives_crash(tmp_path, tiny_model, tiny_toke
         save_pretrained_atomic(tiny_model, tiny_tokenizer, path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temp dir left behind
     torch.testing.assert_close(_logits(AutoModelForCausalLM.from_pretrained(path), ids), saved)
+
+
+def test_prepare_model_fuses_gelu_and_sets_attention_without_changing_outputs(tiny_model_dir):
+    from transformers.activations import GELUTanh, NewGELUActivation
+
+    model = load_causal_lm(tiny_model_dir).eval()
+    reward = RewardModel.from_pretrained(tiny_model_dir).eval()
+    ids = torch.tensor([[5, 17, 42, 99, 7], [8, 3, 250, 11, 64]])
+    with torch.no_grad():
+        before = model(ids).logits
+        score_before = reward(ids, torch.ones_like(ids))
+    for m in (model, add_lora(reward, r=2)):
+        prepare_model(m, "eager")
+        assert not any(type(mod) is NewGELUActivation for mod in m.modules())
+        assert any(type(mod) is GELUTanh for mod in m.modules())
+        transformers = [mod for mod in m.modules() if hasattr(mod, "set_attn_implementation")]
+        assert transformers and all(t.config._attn_implementation == "eager" for t in transformers)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, before, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(reward(ids, torch.ones_like(ids)), score_before)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import torch
+
 # The bundled default (rlhfkit/assets), found from the package so any working directory works.
 ASSETS = str(Path(__file__).resolve().parent / "assets")
 DEMO_DATA = f"{ASSETS}/data/demo"
@@ -45,10 +47,22 @@ def _check_literals(cfg: object) -> None:
     command line, but not when the dataclass is built in Python)."""
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
-        if typing.get_origin(hints[f.name]) is Literal:
-            choices = typing.get_args(hints[f.name])
+        choices = _literal_choices(hints[f.name])
+        if choices is not None:
             ok = getattr(cfg, f.name) in choices
             _require(cfg, f.name, ok, "one of " + ", ".join(map(repr, choices)))
+
+
+def _literal_choices(hint: Any) -> tuple | None:
+    """The values a `Literal[...]` (or `Literal[...] | None`) hint allows; None otherwise."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    args = typing.get_args(hint)
+    if type(None) in args:
+        literals = [a for a in args if typing.get_origin(a) is Literal]
+        if len(literals) == 1:
+            return (*typing.get_args(literals[0]), None)
+    return None
 
 
 @dataclass
@@ -104,6 +118,10 @@ class TrainConfig:
     """Autocast precision: 'no' (fp32) or 'bf16'."""
     cpu: bool = False
     """Train on the CPU even if an accelerator is available."""
+    attn_implementation: Literal["eager", "sdpa"] | None = None
+    """Attention kernel of every model the stage runs; None picks 'eager' for bf16 on a CPU
+    (torch's CPU flash-attention is several times slower in bf16 than in fp32 on short
+    sequences: benchmarks/bench_ppo.py) and keeps the model's own otherwise."""
     tensorboard: bool = True
     """Write TensorBoard events (metrics.jsonl is always written)."""
 
@@ -137,6 +155,14 @@ class TrainConfig:
     def effective_batch_size(self) -> int:
         """Examples per optimiser step on one device (micro-batch x accumulation)."""
         return self.batch_size * self.gradient_accumulation_steps
+
+    @property
+    def attention(self) -> str | None:
+        """The attention kernel to set on every model (None: leave the model's)."""
+        if self.attn_implementation is not None:
+            return self.attn_implementation
+        on_cpu = self.cpu or not torch.cuda.is_available()
+        return "eager" if self.mixed_precision == "bf16" and on_cpu else None
 
     @property
     def final_dir(self) -> Path:

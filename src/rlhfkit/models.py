@@ -38,6 +38,7 @@ from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.activations import GELUTanh, NewGELUActivation
 from transformers.pytorch_utils import Conv1D
 from transformers.utils import cached_file
 
@@ -122,6 +123,41 @@ def freeze(model: nn.Module) -> nn.Module:
     """Eval mode and no gradients: the frozen reference of the KL penalty."""
     model.eval()
     model.requires_grad_(False)
+    return model
+
+
+def disable_dropout(model: nn.Module) -> nn.Module:
+    """Set the probability of every ``nn.Dropout`` in ``model`` to 0 (in place): the RL and
+    preference trainers' default, so the first PPO ratio is exactly 1 (as in TRL)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def fuse_gelu(model: nn.Module) -> nn.Module:
+    """Swap GPT-2's Python GELU (``NewGELUActivation``) for torch's fused tanh GELU, in place.
+
+    ``NewGELUActivation`` runs ~8 elementwise kernels forward and more backward; torch's
+    ``gelu(approximate="tanh")`` is the same function to float rounding (transformers'
+    ``gelu_pytorch_tanh``) in one kernel, about 5x faster on CPU. Every trainer does this.
+    """
+    for module in model.modules():
+        for name, child in module.named_children():
+            if type(child) is NewGELUActivation:
+                setattr(module, name, GELUTanh())
+    return model
+
+
+def prepare_model(model: nn.Module, attention: str | None = None) -> nn.Module:
+    """What every trainer does to each model it runs: the fused GELU (``fuse_gelu``) and,
+    when given, the attention kernel (``"eager"`` or ``"sdpa"``) of every transformer in it
+    (a policy, a reference, a scalar-head model's backbone, a peft-wrapped model)."""
+    fuse_gelu(model)
+    if attention is not None:
+        for module in model.modules():
+            if isinstance(module, PreTrainedModel):
+                module.set_attn_implementation(attention)
     return model
 
 

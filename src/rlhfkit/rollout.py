@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from transformers.activations import GELUTanh, NewGELUActivation
 
 from rlhfkit.generation import SamplingConfig, generate
 from rlhfkit.models import ValueModel, add_lora, freeze, load_causal_lm, reference_mode
@@ -224,30 +223,12 @@ class RolloutModels:
     critic: nn.Module | None
 
 
-def prepare_model(model: nn.Module, disable_dropout: bool = True) -> nn.Module:
-    """Turn dropout off (so the first PPO ratio is exactly 1, as in TRL) and swap GPT-2's
-    Python GELU for torch's fused one.
-
-    ``NewGELUActivation`` runs ~8 elementwise kernels forward and more backward; torch's
-    ``gelu(approximate="tanh")`` is the same function to float rounding (transformers'
-    ``gelu_pytorch_tanh``) in one kernel, about 5x faster on CPU.
-    """
-    for module in model.modules():
-        if disable_dropout and isinstance(module, nn.Dropout):
-            module.p = 0.0
-        for name, child in module.named_children():
-            if type(child) is NewGELUActivation:
-                setattr(module, name, GELUTanh())
-    return model
-
-
 def load_rollout_models(
     model: str,
     tokenizer,
     *,
     critic: str | None,
     lora: dict | None = None,
-    attn_implementation: str | None = None,
 ) -> RolloutModels:
     """Policy and frozen reference from ``model``; the critic as a separate ``ValueModel``
     from the checkpoint ``critic`` or, with ``critic=None``, a value head on the policy.
@@ -266,11 +247,6 @@ def load_rollout_models(
             value_model = add_lora(value_model, **lora)
     else:
         policy = ValueHeadLM(policy)
-    if attn_implementation is not None:
-        backbone = value_model.backbone if value_model is not None else None
-        for lm in (causal_lm(policy), reference, backbone):
-            if lm is not None:
-                lm.set_attn_implementation(attn_implementation)
     return RolloutModels(policy, reference, value_model)
 
 

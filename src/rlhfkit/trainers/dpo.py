@@ -48,11 +48,13 @@ from rlhfkit.data import (
 )
 from rlhfkit.models import (
     add_lora,
+    disable_dropout,
     freeze,
     load_causal_lm,
     load_reference,
     load_tokenizer,
     merge_lora,
+    prepare_model,
     reference_mode,
 )
 from rlhfkit.ops.logprobs import shifted_logprobs
@@ -94,14 +96,6 @@ def preference_pairs(examples: Sequence[PreferenceExample]) -> list[DPOPair]:
         for better, worse in itertools.combinations(example.response_ids, 2):
             pairs.append(DPOPair(PreferenceExample(example.prompt_ids, [better, worse])))
     return pairs
-
-
-def disable_dropout(model: nn.Module) -> nn.Module:
-    """Set the probability of every ``nn.Dropout`` in ``model`` to 0 (in place)."""
-    for module in model.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-    return model
 
 
 def sequence_logps(model: nn.Module, batch: Batch, average: bool = False) -> torch.Tensor:
@@ -209,6 +203,7 @@ class DPOTrainer(LoRACheckpoints, Trainer):
         if reference is not None:
             if config.disable_dropout:
                 disable_dropout(reference)
+            prepare_model(reference, config.attention)
             self.reference = freeze(reference).to(self.accelerator.device)
         if config.precompute_reference:
             self._precompute_reference()

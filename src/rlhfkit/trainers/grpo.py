@@ -37,7 +37,15 @@ from torch import nn
 from rlhfkit.config import GRPOConfig
 from rlhfkit.data import PromptCollator, encode_prompts, load_records
 from rlhfkit.generation import SamplingConfig, generate
-from rlhfkit.models import add_lora, freeze, load_causal_lm, load_tokenizer, reference_mode
+from rlhfkit.models import (
+    add_lora,
+    disable_dropout,
+    freeze,
+    load_causal_lm,
+    load_tokenizer,
+    prepare_model,
+    reference_mode,
+)
 from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
@@ -52,7 +60,7 @@ from rlhfkit.rewards import (
 )
 from rlhfkit.rollout import response_logits, sequence_inputs
 from rlhfkit.trainers import checkpoint as ckpt
-from rlhfkit.trainers.dpo import LoRACheckpoints, disable_dropout
+from rlhfkit.trainers.dpo import LoRACheckpoints
 from rlhfkit.trainers.loop import Batch, Trainer
 
 logger = logging.getLogger(__name__)
@@ -117,7 +125,8 @@ class GRPOTrainer(LoRACheckpoints, Trainer):
         device = self.accelerator.device
         self.reference = None
         if reference is not None and config.beta > 0:
-            self.reference = freeze(disable_dropout(reference)).to(device)
+            prepare_model(disable_dropout(reference), config.attention)
+            self.reference = freeze(reference).to(device)
         self.scorer = scorer.to(device)
         self.eval_prompts = list(eval_prompts)
         self.sampling = SamplingConfig(

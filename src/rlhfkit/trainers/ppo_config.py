@@ -119,10 +119,6 @@ class PPOConfig(TrainConfig):
     """Modules to adapt; None = peft's default for the architecture."""
     disable_dropout: bool = True
     """Turn dropout off in every model, so the importance ratio starts at exactly 1 (as TRL)."""
-    attn_implementation: Literal["eager", "sdpa"] | None = None
-    """Attention kernel of policy, reference and critic; None keeps the model's. On CPU with
-    bf16 and short sequences 'eager' is fastest (torch's CPU flash-attention backward in bf16
-    is several times slower than its fp32 one)."""
     forward_batch_size: int | None = None
     """Rows per no-grad forward pass in the rollout; None = the whole rollout batch."""
     sample_every: int = 10
@@ -200,12 +196,6 @@ class PPOConfig(TrainConfig):
             "forward_batch_size",
             self.forward_batch_size is None or self.forward_batch_size >= 1,
             "None or >= 1",
-        )
-        _require(
-            self,
-            "attn_implementation",
-            self.attn_implementation in (None, "eager", "sdpa"),
-            "None, 'eager' or 'sdpa'",
         )
 
     @property
