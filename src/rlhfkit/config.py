@@ -22,6 +22,8 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from rlhfkit.generation import SamplingConfig
+
 # The bundled default (rlhfkit/assets), found from the package so any working directory works.
 ASSETS = str(Path(__file__).resolve().parent / "assets")
 DEMO_DATA = f"{ASSETS}/data/demo"
@@ -187,6 +189,96 @@ def _check_data_fields(cfg: TrainConfig) -> None:
 
 
 @dataclass
+class LoRAOptions:
+    """Fields of the stages that can train LoRA adapters only (peft)."""
+
+    lora: bool = False
+    """Train LoRA adapters only; the reference is then the same model with its adapter disabled
+    (never a second copy in memory)."""
+    lora_r: int = 8
+    """LoRA rank."""
+    lora_alpha: float = 16
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input."""
+    lora_target_modules: list[str] | None = None
+    """Module names to adapt; None uses peft's default for the architecture (GPT-2: c_attn)."""
+
+    @property
+    def lora_settings(self) -> dict | None:
+        """``models.add_lora`` keyword arguments, or None without LoRA."""
+        if not self.lora:
+            return None
+        return {
+            "r": self.lora_r,
+            "alpha": self.lora_alpha,
+            "dropout": self.lora_dropout,
+            "target_modules": self.lora_target_modules,
+        }
+
+    def _check_lora(self) -> None:
+        _require(self, "lora_r", self.lora_r >= 1, "an integer >= 1")
+        _require(self, "lora_alpha", self.lora_alpha > 0, "a number > 0")
+        _require(self, "lora_dropout", 0 <= self.lora_dropout < 1, "a number in [0, 1)")
+
+
+@dataclass
+class SamplingOptions:
+    """Fields of the stages that sample responses (PPO, GRPO, RLOO)."""
+
+    max_new_tokens: int = 32
+    """Most tokens per response."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are computed at the same temperature."""
+    top_k: int = 0
+    """Top-k filtering while sampling (0 = off; the log-probs ignore it, keep 0 for RL)."""
+    top_p: float = 1.0
+    """Nucleus filtering while sampling (1 = off; the log-probs ignore it, keep 1 for RL)."""
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling settings as ``generation`` takes them."""
+        return SamplingConfig(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
+
+    def _check_sampling(self) -> None:
+        _require(self, "max_new_tokens", self.max_new_tokens >= 1, "an integer >= 1")
+        _require(self, "temperature", 0 < self.temperature < math.inf, "a number > 0")
+        _require(self, "top_k", self.top_k >= 0, "an integer >= 0 (0 = off)")
+        _require(self, "top_p", 0 < self.top_p <= 1, "a number in (0, 1]")
+
+
+@dataclass
+class ScorerOptions:
+    """Fields of the stages scored by a reward model and/or Python functions."""
+
+    reward_model: str | None = None
+    """Reward model directory (from `rlhfkit rm`); None if only reward functions score."""
+    reward_functions: list[str] = dataclasses.field(default_factory=list)
+    """Python scorers `module:function`, each `f(prompts, responses) -> list[float]`."""
+    reward_weights: list[float] | None = None
+    """Weights of [reward_model, *reward_functions] in the total score; None = all 1."""
+    missing_eos_penalty: float | None = None
+    """Subtract this from the score of responses that hit max_new_tokens without EOS."""
+
+    def _check_scorers(self) -> None:
+        penalty = self.missing_eos_penalty
+        _require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
+        _require(
+            self,
+            "reward_model",
+            self.reward_model is not None or bool(self.reward_functions),
+            "a directory, unless reward_functions are given",
+        )
+        n_scorers = (self.reward_model is not None) + len(self.reward_functions)
+        _require(
+            self,
+            "reward_weights",
+            self.reward_weights is None or len(self.reward_weights) == n_scorers,
+            f"None or {n_scorers} numbers (one per scorer: reward_model, *reward_functions)",
+        )
+
+
+@dataclass
 class SFTConfig(TrainConfig):
     """Supervised fine-tuning on prompt/response demonstrations (InstructGPT step 1)."""
 
@@ -285,14 +377,8 @@ def load_config(
     return dataclasses.replace(config, **overrides) if overrides else config
 
 
-def _check_lora_fields(cfg: TrainConfig) -> None:
-    _require(cfg, "lora_r", cfg.lora_r >= 1, "an integer >= 1")
-    _require(cfg, "lora_alpha", cfg.lora_alpha > 0, "a number > 0")
-    _require(cfg, "lora_dropout", 0 <= cfg.lora_dropout < 1, "a number in [0, 1)")
-
-
 @dataclass
-class DPOConfig(TrainConfig):
+class DPOConfig(LoRAOptions, TrainConfig):
     """Direct preference optimisation (Rafailov et al. 2023) and its IPO / conservative variants."""
 
     output_dir: str = "runs/dpo"
@@ -325,21 +411,11 @@ class DPOConfig(TrainConfig):
     disable_dropout: bool = True
     """Set every dropout to 0 in policy and reference (as TRL's DPO does): with dropout the
     implicit rewards are noisy and step 1 would not start at the reference."""
-    lora: bool = False
-    """Train LoRA adapters only; the reference is then the same model with the adapter disabled."""
-    lora_r: int = 8
-    """LoRA rank."""
-    lora_alpha: float = 16
-    """LoRA scaling numerator (the update is scaled by alpha / r)."""
-    lora_dropout: float = 0.0
-    """Dropout on the LoRA input."""
-    lora_target_modules: list[str] | None = None
-    """Module names to adapt; None uses peft's default for the architecture (GPT-2: c_attn)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_data_fields(self)
-        _check_lora_fields(self)
+        self._check_lora()
         _require(self, "beta", 0 < self.beta < math.inf, "a number > 0")
         if self.loss_type == "conservative":
             ok, allowed = 0 < self.label_smoothing < 0.5, "a number in (0, 0.5) for cDPO"
@@ -355,7 +431,7 @@ class DPOConfig(TrainConfig):
 
 
 @dataclass
-class GRPOConfig(TrainConfig):
+class GRPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
     """Critic-free RL with group baselines: GRPO (Shao et al. 2024) or RLOO (Ahmadian et al.
     2024). One optimiser step per sampled batch: `batch_size` prompts per micro-batch, each
     answered `num_generations` times."""
@@ -390,40 +466,14 @@ class GRPOConfig(TrainConfig):
     """GRPO only: divide by the group std (False = Dr. GRPO, centring only)."""
     num_generations: int = 4
     """Responses sampled per prompt (the group size k, >= 2)."""
-    max_new_tokens: int = 32
-    """Most tokens per response."""
-    temperature: float = 1.0
-    """Sampling temperature; log-probs are computed at the same temperature."""
-    top_k: int = 0
-    """Top-k filtering while sampling (0 = off; the log-probs ignore it)."""
-    top_p: float = 1.0
-    """Nucleus filtering while sampling (1 = off; the log-probs ignore it)."""
     beta: float = 0.04
     """Weight of the k3 KL(pi || ref) term in the loss; 0 drops it and the reference model."""
     clip_range: float = 0.2
     """Policy ratio clip range epsilon of the clipped objective."""
     reference: str | None = None
     """Reference model name or directory; None uses the starting model `model`."""
-    reward_model: str | None = None
-    """Reward model directory (from `rlhfkit rm`); None if only reward functions score."""
-    reward_functions: list[str] = dataclasses.field(default_factory=list)
-    """Python scorers `module:function`, each `f(prompts, responses) -> list[float]`."""
-    reward_weights: list[float] | None = None
-    """Weights of [reward_model, *reward_functions] in the total score; None = all 1."""
-    missing_eos_penalty: float | None = None
-    """Subtract this from the score of responses that hit max_new_tokens without EOS."""
     disable_dropout: bool = True
     """Turn dropout off, so sampling and the update see the same policy (ratio exactly 1)."""
-    lora: bool = False
-    """Train LoRA adapters only; the reference is then the policy with the adapter disabled."""
-    lora_r: int = 8
-    """LoRA rank."""
-    lora_alpha: float = 16
-    """LoRA scaling numerator (the update is scaled by alpha / r)."""
-    lora_dropout: float = 0.0
-    """Dropout on the LoRA input."""
-    lora_target_modules: list[str] | None = None
-    """Module names to adapt; None uses peft's default for the architecture (GPT-2: c_attn)."""
     sample_every: int = 10
     """Log sample texts (prompt, response, score, advantage) every this many steps."""
     num_samples: int = 4
@@ -431,34 +481,18 @@ class GRPOConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_lora_fields(self)
+        self._check_lora()
+        self._check_sampling()
+        self._check_scorers()
         _require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
-        for name in ("max_prompt_length", "max_new_tokens", "sample_every", "num_samples"):
+        for name in ("max_prompt_length", "sample_every", "num_samples"):
             _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
             _require(self, name, value is None or value >= 1, "None or an integer >= 1")
         _require(self, "num_generations", self.num_generations >= 2, "an integer >= 2")
-        _require(self, "temperature", 0 < self.temperature < math.inf, "a number > 0")
-        _require(self, "top_k", self.top_k >= 0, "an integer >= 0 (0 = off)")
-        _require(self, "top_p", 0 < self.top_p <= 1, "a number in (0, 1]")
         _require(self, "beta", 0 <= self.beta < math.inf, "a number >= 0")
         _require(self, "clip_range", 0 < self.clip_range < math.inf, "a number > 0")
-        penalty = self.missing_eos_penalty
-        _require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
-        _require(
-            self,
-            "reward_model",
-            self.reward_model is not None or bool(self.reward_functions),
-            "a directory, unless reward_functions are given",
-        )
-        n_scorers = (self.reward_model is not None) + len(self.reward_functions)
-        _require(
-            self,
-            "reward_weights",
-            self.reward_weights is None or len(self.reward_weights) == n_scorers,
-            f"None or {n_scorers} numbers (one per scorer: reward_model, *reward_functions)",
-        )
         _require(
             self,
             "reference",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlhfkit.config import DEMO_DATA, _require
+from rlhfkit.config import DEMO_DATA, SamplingOptions, _require
 from rlhfkit.data import PromptRecord, encode_prompts, load_records
 from rlhfkit.evaluate import best_of_n_kl, sample_responses
 from rlhfkit.generation import SamplingConfig
@@ -156,7 +155,7 @@ def load_scorer(spec: str) -> Scorer:
 
 
 @dataclass
-class BestOfNConfig:
+class BestOfNConfig(SamplingOptions):
     """Best-of-n sampling from a model, written as demonstrations (rejection sampling)."""
 
     model: str = "runs/sft/final"
@@ -175,14 +174,6 @@ class BestOfNConfig:
     """Where the picks are written (JSONL prompt/response/score); a summary goes next to it."""
     max_prompt_length: int = 128
     """Prompts longer than this many tokens keep their last tokens."""
-    max_new_tokens: int = 32
-    """Most tokens per response."""
-    temperature: float = 1.0
-    """Sampling temperature."""
-    top_k: int = 0
-    """Top-k filtering (0 = off)."""
-    top_p: float = 1.0
-    """Nucleus filtering (1 = off)."""
     prompts_per_batch: int = 8
     """Prompts per generation batch (each gives n rows)."""
     seed: int = 0
@@ -191,12 +182,10 @@ class BestOfNConfig:
     """torch device; None = CUDA when available, else CPU."""
 
     def __post_init__(self) -> None:
-        for name in ("n", "max_prompt_length", "max_new_tokens", "prompts_per_batch"):
+        self._check_sampling()
+        for name in ("n", "max_prompt_length", "prompts_per_batch"):
             _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         _require(self, "max_prompts", self.max_prompts is None or self.max_prompts >= 1, ">= 1")
-        _require(self, "temperature", 0 < self.temperature < math.inf, "a number > 0")
-        _require(self, "top_k", self.top_k >= 0, "an integer >= 0 (0 = off)")
-        _require(self, "top_p", 0 < self.top_p <= 1, "a number in (0, 1]")
 
 
 def run_bon(config: BestOfNConfig) -> Path:
@@ -206,14 +195,13 @@ def run_bon(config: BestOfNConfig) -> Path:
     policy = freeze(load_causal_lm(config.model, tokenizer=tokenizer)).to(device)
     scorer = load_scorer(config.scorer).to(device)
     records = load_records(config.prompts, "prompts", split=config.split, limit=config.max_prompts)
-    sampling = SamplingConfig(config.max_new_tokens, config.temperature, config.top_k, config.top_p)
     result = best_of_n(
         policy,
         tokenizer,
         records,
         scorer,
         config.n,
-        sampling,
+        config.sampling,
         max_prompt_length=config.max_prompt_length,
         prompts_per_batch=config.prompts_per_batch,
         seed=config.seed,

@@ -5,6 +5,10 @@
 - `sft`: supervised fine-tuning (`SFTTrainer`, `run_sft`).
 - `reward`: reward model on pairs and K-way rankings (`RewardTrainer`, `run_reward`).
 - `ppo`, `ppo_config`: InstructGPT's PPO step (`PPOTrainer`, `run_ppo`, `PPOConfig`).
+- `policy`: the base of the trainers that move a policy away from a frozen reference
+  (`PolicyTrainer`: dropout off, LoRA, the reference, LoRA checkpoints).
+- `dpo`: DPO, IPO and cDPO (`DPOTrainer`, `run_dpo`).
+- `grpo`: GRPO and RLOO (`GRPOTrainer`, `run_grpo`).
 
 Names are imported lazily, so `import rlhfkit.trainers.loop` does not load every stage.
 """
@@ -24,6 +28,11 @@ _EXPORTS = {
     "PPOConfig": "ppo_config",
     "PPOTrainer": "ppo",
     "run_ppo": "ppo",
+    "PolicyTrainer": "policy",
+    "DPOTrainer": "dpo",
+    "run_dpo": "dpo",
+    "GRPOTrainer": "grpo",
+    "run_grpo": "grpo",
 }
 
 __all__ = list(_EXPORTS)

@@ -24,7 +24,6 @@ Details and departures:
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 from collections.abc import Sequence
@@ -34,8 +33,6 @@ from typing import Any
 
 import torch
 from accelerate.utils import set_seed
-from peft import set_peft_model_state_dict
-from safetensors.torch import load_file
 from torch import nn
 
 from rlhfkit.config import DPOConfig
@@ -47,21 +44,16 @@ from rlhfkit.data import (
     load_records,
 )
 from rlhfkit.models import (
-    add_lora,
-    disable_dropout,
-    freeze,
     load_causal_lm,
     load_reference,
     load_tokenizer,
-    merge_lora,
-    prepare_model,
-    reference_mode,
 )
 from rlhfkit.ops.logprobs import shifted_logprobs
 from rlhfkit.ops.losses import dpo_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum, position_ids_from_mask
 from rlhfkit.trainers import checkpoint as ckpt
-from rlhfkit.trainers.loop import Batch, Trainer, epoch_order
+from rlhfkit.trainers.loop import Batch, epoch_order
+from rlhfkit.trainers.policy import PolicyTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -126,29 +118,7 @@ def sequence_logps(model: nn.Module, batch: Batch, average: bool = False) -> tor
     return reduce(token_logps, mask, dim=1)
 
 
-class LoRACheckpoints:
-    """For `Trainer` subclasses with ``config.lora``: checkpoints hold only the adapter (and
-    resume loads it back into the wrapped model); ``final/`` holds the merged model, so
-    anything that loads a causal LM can open it."""
-
-    def save_model(self, path: Path) -> None:
-        if not (self.config.lora and self.state.complete):
-            super().save_model(path)
-            return
-        # Merge a copy: the trained adapter stays as it is in the live model.
-        merge_lora(copy.deepcopy(self.unwrapped_model)).save_pretrained(path)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(path)
-
-    def load_model_weights(self, path: Path) -> None:
-        if not self.config.lora:
-            super().load_model_weights(path)
-            return
-        state = load_file(str(path / "adapter_model.safetensors"))
-        set_peft_model_state_dict(self.unwrapped_model, state)
-
-
-class DPOTrainer(LoRACheckpoints, Trainer):
+class DPOTrainer(PolicyTrainer):
     """DPO / IPO / cDPO on `DPOPair`s (see the module docstring).
 
     Args:
@@ -181,30 +151,19 @@ class DPOTrainer(LoRACheckpoints, Trainer):
         reference: nn.Module | None = None,
         accelerator=None,
     ) -> None:
-        if config.disable_dropout:
-            disable_dropout(model)
-        if config.lora:
-            model = add_lora(
-                model,
-                r=config.lora_r,
-                alpha=config.lora_alpha,
-                dropout=config.lora_dropout,
-                target_modules=config.lora_target_modules,
-            )
-        elif reference is None and not config.precompute_reference:
-            reference = copy.deepcopy(model)  # the starting weights, before any step
-        collate = DPOCollator(tokenizer.pad_token_id)
         super().__init__(
-            config, model, list(train_pairs), collate, tokenizer=tokenizer, accelerator=accelerator
+            config,
+            model,
+            list(train_pairs),
+            DPOCollator(tokenizer.pad_token_id),
+            tokenizer=tokenizer,
+            # Precomputing needs no copy: the starting policy gives the log-probs.
+            reference=reference,
+            needs_reference=reference is not None or not config.precompute_reference,
+            accelerator=accelerator,
         )
         self.eval_pairs = list(eval_pairs or [])
         self._policy_is_reference = False
-        self.reference = None
-        if reference is not None:
-            if config.disable_dropout:
-                disable_dropout(reference)
-            prepare_model(reference, config.attention)
-            self.reference = freeze(reference).to(self.accelerator.device)
         if config.precompute_reference:
             self._precompute_reference()
 
@@ -214,12 +173,9 @@ class DPOTrainer(LoRACheckpoints, Trainer):
         the LoRA model with its adapter off, or (only while precomputing, before any step)
         the starting policy itself."""
         average = self.config.loss_type == "ipo"
-        with torch.no_grad():
-            if self.reference is not None:
-                return sequence_logps(self.reference, batch, average)
-            if self.config.lora:
-                with reference_mode(self.unwrapped_model) as ref:
-                    return sequence_logps(ref, batch, average)
+        with torch.no_grad(), self.reference_model() as reference:
+            if reference is not None:
+                return sequence_logps(reference, batch, average)
             if not self._policy_is_reference:
                 raise RuntimeError(
                     "a batch without precomputed reference log-probs, and no reference model "

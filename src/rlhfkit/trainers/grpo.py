@@ -23,7 +23,6 @@ reward model was trained (peers' pitfall 7); TRL's GRPO scores the text without 
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Sequence
@@ -36,15 +35,10 @@ from torch import nn
 
 from rlhfkit.config import GRPOConfig
 from rlhfkit.data import PromptCollator, encode_prompts, load_records
-from rlhfkit.generation import SamplingConfig, generate
+from rlhfkit.generation import generate
 from rlhfkit.models import (
-    add_lora,
-    disable_dropout,
-    freeze,
     load_causal_lm,
     load_tokenizer,
-    prepare_model,
-    reference_mode,
 )
 from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
@@ -60,8 +54,8 @@ from rlhfkit.rewards import (
 )
 from rlhfkit.rollout import response_logits, sequence_inputs
 from rlhfkit.trainers import checkpoint as ckpt
-from rlhfkit.trainers.dpo import LoRACheckpoints
-from rlhfkit.trainers.loop import Batch, Trainer
+from rlhfkit.trainers.loop import Batch
+from rlhfkit.trainers.policy import PolicyTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +67,7 @@ def group_baseline_advantages(scores: torch.Tensor, config: GRPOConfig) -> torch
     return group_advantages(scores, config.num_generations, scale_by_std=config.scale_rewards)
 
 
-class GRPOTrainer(LoRACheckpoints, Trainer):
+class GRPOTrainer(PolicyTrainer):
     """GRPO / RLOO on tokenised prompts (lists of ids) against ``scorer``.
 
     Args:
@@ -106,32 +100,19 @@ class GRPOTrainer(LoRACheckpoints, Trainer):
         reference: nn.Module | None = None,
         accelerator=None,
     ) -> None:
-        if config.disable_dropout:
-            disable_dropout(model)
-        if config.lora:
-            model = add_lora(
-                model,
-                r=config.lora_r,
-                alpha=config.lora_alpha,
-                dropout=config.lora_dropout,
-                target_modules=config.lora_target_modules,
-            )
-        elif reference is None and config.beta > 0:
-            reference = copy.deepcopy(model)  # the starting weights, before any step
-        collate = PromptCollator(tokenizer.pad_token_id)
         super().__init__(
-            config, model, list(prompts), collate, tokenizer=tokenizer, accelerator=accelerator
+            config,
+            model,
+            list(prompts),
+            PromptCollator(tokenizer.pad_token_id),
+            tokenizer=tokenizer,
+            reference=reference,
+            needs_reference=config.beta > 0,
+            accelerator=accelerator,
         )
-        device = self.accelerator.device
-        self.reference = None
-        if reference is not None and config.beta > 0:
-            prepare_model(disable_dropout(reference), config.attention)
-            self.reference = freeze(reference).to(device)
-        self.scorer = scorer.to(device)
+        self.scorer = scorer.to(self.accelerator.device)
         self.eval_prompts = list(eval_prompts)
-        self.sampling = SamplingConfig(
-            config.max_new_tokens, config.temperature, config.top_k, config.top_p
-        )
+        self.sampling = config.sampling
         self.score_options = ScoreOptions(missing_eos_penalty=config.missing_eos_penalty)
 
     # ----------------------------------------------------------------- experience
@@ -172,12 +153,8 @@ class GRPOTrainer(LoRACheckpoints, Trainer):
     def reference_logprobs(self, inputs: dict[str, torch.Tensor], response: torch.Tensor):
         """(B, Tr) log ref(token) of the response tokens, without gradient."""
         temperature = self.config.temperature
-        with torch.no_grad():
-            if self.reference is not None:
-                logits, _ = response_logits(self.reference, inputs, response.shape[1], temperature)
-            else:
-                with reference_mode(self.unwrapped_model) as ref:
-                    logits, _ = response_logits(ref, inputs, response.shape[1], temperature)
+        with torch.no_grad(), self.reference_model() as reference:
+            logits, _ = response_logits(reference, inputs, response.shape[1], temperature)
             return token_logprobs(logits, response)
 
     # ----------------------------------------------------------------- loss

@@ -12,17 +12,23 @@ gradient_accumulation_steps` sequences (one optimiser step each), so there are
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
-from rlhfkit.config import DEMO_DATA, TrainConfig, _require
-from rlhfkit.generation import SamplingConfig
+from rlhfkit.config import (
+    DEMO_DATA,
+    LoRAOptions,
+    SamplingOptions,
+    ScorerOptions,
+    TrainConfig,
+    _require,
+)
 from rlhfkit.rewards import ScoreOptions
 from rlhfkit.rollout import RolloutSettings
 
 
 @dataclass
-class PPOConfig(TrainConfig):
+class PPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
     """PPO against a reward model and/or Python reward functions (InstructGPT step 3)."""
 
     model: str = "runs/sft/final"
@@ -51,20 +57,8 @@ class PPOConfig(TrainConfig):
     """Prompts (hence responses) per iteration."""
     ppo_epochs: int = 4
     """Passes of the update over each rollout batch."""
-    max_new_tokens: int = 32
-    """Most tokens per response."""
-    temperature: float = 1.0
-    """Sampling temperature; log-probs are computed at the same temperature."""
-    top_k: int = 0
-    """Top-k filtering while sampling (0 = off; the log-probs ignore it, keep 0 for PPO)."""
-    top_p: float = 1.0
-    """Nucleus filtering while sampling (1 = off; the log-probs ignore it, keep 1 for PPO)."""
     reward_model: str | None = "runs/rm/final"
     """Reward model directory (from `rlhfkit reward`); None if only reward functions score."""
-    reward_functions: list[str] = field(default_factory=list)
-    """Python scorers `module:function`, each `f(prompts, responses) -> list[float]`."""
-    reward_weights: list[float] | None = None
-    """Weights of [reward_model, *reward_functions] in the total score; None = all 1."""
     critic: Literal["separate", "value_head"] = "separate"
     """A separate critic model (InstructGPT) or a value head on the policy's trunk."""
     critic_model: str | None = None
@@ -93,8 +87,6 @@ class PPOConfig(TrainConfig):
     """Weight of the entropy bonus (subtracted from the loss)."""
     whiten_advantages: bool = True
     """Normalise advantages over each rollout batch."""
-    missing_eos_penalty: float | None = None
-    """Subtract this from the score of responses without EOS; None = no penalty."""
     missing_eos_replace: bool = False
     """Set such scores to -missing_eos_penalty instead (lm-human-preferences)."""
     score_normalize: Literal["none", "scale", "standardize"] = "none"
@@ -107,16 +99,6 @@ class PPOConfig(TrainConfig):
     """Demonstrations or pretraining text (prompt/response records) for the ptx term."""
     ptx_max_length: int = 256
     """Token budget of each ptx example."""
-    lora: bool = False
-    """Train LoRA adapters on policy and critic; the reference is the policy, adapter off."""
-    lora_r: int = 8
-    """LoRA rank."""
-    lora_alpha: int = 16
-    """LoRA alpha (scale alpha / r)."""
-    lora_dropout: float = 0.0
-    """LoRA dropout."""
-    lora_target_modules: list[str] | None = None
-    """Modules to adapt; None = peft's default for the architecture."""
     disable_dropout: bool = True
     """Turn dropout off in every model, so the importance ratio starts at exactly 1 (as TRL)."""
     forward_batch_size: int | None = None
@@ -128,15 +110,15 @@ class PPOConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self._check_lora()
+        self._check_sampling()
+        self._check_scorers()
         positive = (
             "max_prompt_length",
             "rollout_batch_size",
             "ppo_epochs",
-            "max_new_tokens",
             "kl_horizon",
             "ptx_max_length",
-            "lora_r",
-            "lora_alpha",
             "sample_every",
         )
         for name in positive:
@@ -154,9 +136,6 @@ class PPOConfig(TrainConfig):
             self.rollout_batch_size % self.effective_batch_size == 0,
             f"a multiple of batch_size * gradient_accumulation_steps = {self.effective_batch_size}",
         )
-        _require(self, "temperature", self.temperature > 0, "a number > 0")
-        _require(self, "top_k", self.top_k >= 0, "an integer >= 0 (0 = off)")
-        _require(self, "top_p", 0 < self.top_p <= 1, "a number in (0, 1]")
         _require(self, "kl_coef", self.kl_coef >= 0, "a number >= 0")
         _require(self, "kl_target", self.kl_target > 0, "a number > 0")
         _require(self, "gamma", 0 <= self.gamma <= 1, "a number in [0, 1]")
@@ -164,32 +143,17 @@ class PPOConfig(TrainConfig):
         _require(self, "clip_range", self.clip_range > 0, "a number > 0")
         value_clip = self.clip_range_value
         _require(self, "clip_range_value", value_clip is None or value_clip > 0, "None or > 0")
-        for name in ("vf_coef", "entropy_coef", "ptx_coef", "lora_dropout"):
+        for name in ("vf_coef", "entropy_coef", "ptx_coef"):
             _require(self, name, getattr(self, name) >= 0, "a number >= 0")
-        penalty = self.missing_eos_penalty
-        _require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
         _require(
             self,
             "missing_eos_replace",
-            not self.missing_eos_replace or penalty is not None,
+            not self.missing_eos_replace or self.missing_eos_penalty is not None,
             "False unless missing_eos_penalty is set",
         )
         _require(self, "score_clip", self.score_clip is None or self.score_clip > 0, "None or > 0")
         _require(
             self, "ptx_data", self.ptx_coef == 0 or bool(self.ptx_data), "a path when ptx_coef > 0"
-        )
-        _require(
-            self,
-            "reward_model",
-            self.reward_model is not None or bool(self.reward_functions),
-            "a directory, unless reward_functions are given",
-        )
-        n_scorers = (self.reward_model is not None) + len(self.reward_functions)
-        _require(
-            self,
-            "reward_weights",
-            self.reward_weights is None or len(self.reward_weights) == n_scorers,
-            f"None or {n_scorers} numbers (one per scorer: reward_model, *reward_functions)",
         )
         _require(
             self,
@@ -202,7 +166,7 @@ class PPOConfig(TrainConfig):
     def rollout_settings(self) -> RolloutSettings:
         """How each iteration's experience is made."""
         return RolloutSettings(
-            sampling=SamplingConfig(self.max_new_tokens, self.temperature, self.top_k, self.top_p),
+            sampling=self.sampling,
             kl_estimator=self.kl_estimator,
             gamma=self.gamma,
             lam=self.lam,
@@ -215,18 +179,6 @@ class PPOConfig(TrainConfig):
             ),
             forward_batch_size=self.forward_batch_size,
         )
-
-    @property
-    def lora_settings(self) -> dict | None:
-        """``models.add_lora`` keyword arguments, or None without LoRA."""
-        if not self.lora:
-            return None
-        return {
-            "r": self.lora_r,
-            "alpha": self.lora_alpha,
-            "dropout": self.lora_dropout,
-            "target_modules": self.lora_target_modules,
-        }
 
     @property
     def minibatch_size(self) -> int:

@@ -1,0 +1,99 @@
+"""The base of the trainers that move a causal-LM policy away from a frozen reference (DPO,
+GRPO, RLOO): dropout off, optional LoRA, the reference, and checkpoints of LoRA runs.
+
+The reference is, in order of preference: the model given; with LoRA, the policy itself with
+its adapter disabled (``models.reference_mode``: never a second copy in memory); otherwise a
+copy of the starting policy, made before the first step. A stage that needs no reference model
+(DPO with precomputed log-probs, GRPO with ``beta = 0``) gets none.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file
+from torch import nn
+
+from rlhfkit.config import TrainConfig
+from rlhfkit.models import (
+    add_lora,
+    disable_dropout,
+    freeze,
+    merge_lora,
+    prepare_model,
+    reference_mode,
+)
+from rlhfkit.trainers.loop import Batch, Trainer
+
+
+class PolicyTrainer(Trainer):
+    """A `Trainer` whose model is a policy with a frozen reference.
+
+    ``config`` needs the fields of `config.LoRAOptions` and ``disable_dropout``;
+    ``needs_reference`` says whether the stage runs a reference model at all.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model: nn.Module,
+        train_data: Sequence[Any],
+        collate_fn: Callable[[list[Any]], Batch],
+        *,
+        tokenizer: Any,
+        reference: nn.Module | None,
+        needs_reference: bool,
+        accelerator=None,
+    ) -> None:
+        if config.disable_dropout:
+            disable_dropout(model)
+        if config.lora:
+            model = add_lora(model, **config.lora_settings)
+        elif reference is None and needs_reference:
+            reference = copy.deepcopy(model)  # the starting weights, before any step
+        super().__init__(
+            config, model, train_data, collate_fn, tokenizer=tokenizer, accelerator=accelerator
+        )
+        self.reference = None
+        if reference is not None and needs_reference:
+            if config.disable_dropout:
+                disable_dropout(reference)
+            prepare_model(reference, config.attention)
+            self.reference = freeze(reference).to(self.accelerator.device)
+
+    @contextmanager
+    def reference_model(self) -> Iterator[nn.Module | None]:
+        """The reference model to run (no gradient is taken through it): the separate copy,
+        the LoRA policy with its adapter off, or None when the stage has no reference."""
+        if self.reference is not None:
+            yield self.reference
+        elif self.config.lora:
+            with reference_mode(self.unwrapped_model) as reference:
+                yield reference
+        else:
+            yield None
+
+    # ----------------------------------------------------------------- LoRA checkpoints
+    def save_model(self, path: Path) -> None:
+        """With LoRA, checkpoints hold only the adapter; ``final/`` holds the merged model, so
+        anything that loads a causal LM can open it."""
+        if not (self.config.lora and self.state.complete):
+            super().save_model(path)
+            return
+        # Merge a copy: the trained adapter stays as it is in the live model.
+        merge_lora(copy.deepcopy(self.unwrapped_model)).save_pretrained(path)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(path)
+
+    def load_model_weights(self, path: Path) -> None:
+        """Resume: with LoRA, load the adapter back into the wrapped model."""
+        if not self.config.lora:
+            super().load_model_weights(path)
+            return
+        state = load_file(str(path / "adapter_model.safetensors"))
+        set_peft_model_state_dict(self.unwrapped_model, state)
