@@ -9,8 +9,9 @@ from transformers import AutoModelForCausalLM
 
 from rlhfkit.chat import USER_PROMPT, ChatConfig, chat_loop
 from rlhfkit.config import ConfigError
-from rlhfkit.env import LMAgent, parse_scorer
+from rlhfkit.env import LMAgent
 from rlhfkit.generation import SamplingConfig
+from rlhfkit.rewards import parse_scorer
 from rlhfkit.tasks import digits_score
 
 RLHFKIT = Path(sys.executable).with_name("rlhfkit")  # the console script of this environment

@@ -1,4 +1,4 @@
-"""TextEnv (bandit and chat modes, Gymnasium API), its PPO hooks, LMAgent and parse_scorer."""
+"""TextEnv (bandit and chat modes, Gymnasium API), its PPO hooks, LMAgent and rewards.parse_scorer."""
 
 import copy
 
@@ -8,11 +8,11 @@ from gymnasium.utils.env_checker import check_env
 from transformers import AutoModelForCausalLM
 
 from rlhfkit.data import encode_prompts
-from rlhfkit.env import LMAgent, TextEnv, encode_for_scoring, parse_scorer
+from rlhfkit.env import LMAgent, TextEnv, encode_for_scoring
 from rlhfkit.generation import GenerationOutput, SamplingConfig
 from rlhfkit.models import RewardModel
 from rlhfkit.perplexity import PerplexityScorer
-from rlhfkit.rewards import FunctionScorer, RewardModelScorer
+from rlhfkit.rewards import FunctionScorer, RewardModelScorer, parse_scorer
 from rlhfkit.tasks import digits_reward
 
 PROMPTS = ["The cat likes", "A dog sees", "My friend reads"]

@@ -11,17 +11,15 @@ from rlhfkit.data import Comparison
 from rlhfkit.evaluate import (
     EvalConfig,
     PolicySamples,
-    best_of_n_expected,
-    best_of_n_kl,
     evaluate,
     reward_model_accuracy,
     sample_kl,
-    sample_responses,
     summarize,
     win_rate,
 )
 from rlhfkit.generation import SamplingConfig
 from rlhfkit.models import RewardModel
+from rlhfkit.sampling import best_of_n_expected, best_of_n_kl, sample_responses
 
 PROMPTS = ["The cat sees", "A small bird wants a new", "We"]
 

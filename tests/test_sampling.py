@@ -13,7 +13,6 @@ from rlhfkit.sampling import (
     BestOfN,
     BestOfNConfig,
     best_of_n,
-    load_scorer,
     run_bon,
     write_demonstrations,
 )
@@ -92,13 +91,6 @@ def test_demonstrations_file_loads_back_without_empty_picks(tmp_path):
     records = load_records(path, "demonstrations")
     assert records == [Demonstration("Once upon", " a time."), Demonstration(chat, "hello there")]
     assert json.loads(path.read_text().splitlines()[1])["score"] == 2.0
-
-
-def test_load_scorer_specs(tmp_path):
-    assert load_scorer("digits").name == "digits"
-    assert load_scorer("rlhfkit.tasks:digits_reward").name == "rlhfkit.tasks:digits_reward"
-    with pytest.raises(ValueError, match="scorer='nope'"):
-        load_scorer("nope")
 
 
 def test_bon_command_writes_picks_and_summary(tiny_model_dir, tmp_path):

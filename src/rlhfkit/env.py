@@ -26,8 +26,8 @@ prompts and reward to PPO / GRPO::
 renders the conversation and decodes the answer; ``_generate(input_ids, attention_mask)`` maps
 ids to response ids with ``generation.generate`` (KV cache, stop at EOS).
 
-``parse_scorer`` turns a spec string ("digits", "gold", "perplexity", a reward model directory,
-"module:function") into a ``Scorer`` for command-line flags.
+Command-line reward specs ("digits", "gold", "perplexity", a reward model directory,
+"module:function") become scorers with ``rewards.parse_scorer``.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ import gymnasium
 import torch
 from gymnasium.spaces import Text
 
-from rlhfkit import tasks
 from rlhfkit.data import (
     IGNORE_INDEX,
     Demonstration,
@@ -55,15 +54,11 @@ from rlhfkit.data import (
     pad,
 )
 from rlhfkit.generation import GenerationOutput, SamplingConfig, generate
-from rlhfkit.models import HEAD_CONFIG, RewardModel, freeze, load_causal_lm, load_tokenizer
-from rlhfkit.perplexity import PerplexityScorer
+from rlhfkit.models import load_causal_lm, load_tokenizer
 from rlhfkit.rewards import (
-    FunctionScorer,
-    RewardModelScorer,
     ScoreInput,
     Scorer,
     as_scorer,
-    load_function,
 )
 
 MAX_TEXT_CHARS = 1 << 16  # bound of the Text spaces; any conversation that fits a model does
@@ -355,52 +350,3 @@ class LMAgent:
             pad_token_id=self.tokenizer.pad_token_id,
             generator=self.generator,
         )
-
-
-# --------------------------------------------------------------------------- scorer specs
-SCORER_SPECS = (
-    "digits | gold | sentiment (rlhfkit.tasks), perplexity (under the policy), "
-    "perplexity:PATH (under the causal LM at PATH), a reward model directory, module:function"
-)
-
-
-def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = None) -> Scorer:
-    """A ``Scorer`` from a command-line spec (see ``SCORER_SPECS``).
-
-    ``model`` is the causal LM bare "perplexity" is measured under; ``tokenizer``, when given,
-    is checked against a reward model's vocabulary (they must share one).
-    """
-    builtins = {**tasks.REWARD_FUNCTIONS, "gold": tasks.gold_reward}
-    if spec in builtins:
-        return FunctionScorer(builtins[spec], name=spec)
-    if spec == "perplexity":
-        if model is None:
-            raise ValueError("scorer 'perplexity' needs a model; use perplexity:PATH")
-        return PerplexityScorer(model)
-    if spec.startswith("perplexity:"):
-        path = spec.removeprefix("perplexity:")
-        return PerplexityScorer(freeze(load_causal_lm(path, tokenizer=tokenizer)))
-    if Path(spec).is_dir():
-        return RewardModelScorer(_load_reward_model(spec, tokenizer))
-    if ":" in spec:
-        return FunctionScorer(load_function(spec), name=spec)
-    raise ValueError(
-        f"reward {spec!r}: not a known scorer nor a directory; allowed: {SCORER_SPECS}"
-    )
-
-
-def _load_reward_model(path: str, tokenizer) -> RewardModel:
-    """A trained reward model: without its head a directory would score at random."""
-    if not (Path(path) / HEAD_CONFIG).is_file():
-        raise ValueError(
-            f"reward {path!r}: the directory has no {HEAD_CONFIG}, so it is not a reward model "
-            f"(`rlhfkit rm` writes one); for a causal LM's perplexity use perplexity:{path}"
-        )
-    reward_model = freeze(RewardModel.from_pretrained(path))
-    rows = reward_model.backbone.get_input_embeddings().num_embeddings
-    if tokenizer is not None and rows < len(tokenizer):
-        raise ValueError(
-            f"reward model {path} has {rows} token embeddings but the policy's tokenizer has "
-            f"{len(tokenizer)} tokens: the reward model must share the policy's tokenizer"
-        )
-    return reward_model

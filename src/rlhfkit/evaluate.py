@@ -39,18 +39,18 @@ from torch import nn
 from rlhfkit.config import _require
 from rlhfkit.data import (
     PairCollator,
-    PromptCollator,
     encode_comparisons,
     encode_prompts,
     load_records,
     ranked_scores,
 )
-from rlhfkit.generation import SamplingConfig, generate
+from rlhfkit.generation import SamplingConfig
 from rlhfkit.models import RewardModel, freeze, load_causal_lm, load_tokenizer, reference_mode
 from rlhfkit.ops.logprobs import token_logprobs
 from rlhfkit.ops.masks import masked_sum
 from rlhfkit.rewards import FunctionScorer, RewardModelScorer, ScoreInput, Scorer
 from rlhfkit.rollout import response_logits, sequence_inputs
+from rlhfkit.sampling import best_of_n_expected, best_of_n_kl, model_device, sample_responses
 from rlhfkit.tasks import DEMO_DATA_DIR, REWARD_FUNCTIONS, distinct_n
 
 logger = logging.getLogger(__name__)
@@ -127,96 +127,6 @@ def win_rate(scores: torch.Tensor, baseline: torch.Tensor) -> float:
     return wins.mean().item()
 
 
-def best_of_n_kl(n: int) -> float:
-    """Analytic KL(best-of-n || sampler) = log n - (n - 1) / n (Gao et al. 2022, eq. 1)."""
-    if n < 1:
-        raise ValueError(f"best_of_n_kl: n={n}, allowed: n >= 1")
-    return math.log(n) - (n - 1) / n
-
-
-def best_of_n_expected(
-    proxy: torch.Tensor, gold: torch.Tensor, n: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Expected proxy and gold score of best-of-n (pick = highest proxy), per prompt.
-
-    ``proxy``, ``gold``: (P, N) scores of a pool of N samples per prompt. The expectation is
-    over all n-subsets of the pool (WebGPT's unbiased estimator): with the pool sorted by proxy
-    ascending, the sample of rank i (1-based) is the pick of C(i - 1, n - 1) of the C(N, n)
-    subsets. Returns ``(proxy_mean, gold_mean)``, each (P,).
-    """
-    pool = proxy.shape[1]
-    if not 1 <= n <= pool:
-        raise ValueError(f"best_of_n_expected: n={n}, allowed: 1 <= n <= pool size {pool}")
-    order = proxy.argsort(dim=1)  # (P, N) ascending
-    ranks = torch.arange(1, pool + 1, dtype=torch.float64)
-    # log C(i-1, n-1) - log C(N, n) with lgamma, exact enough and free of overflow
-    log_weight = _log_comb(ranks - 1, n - 1) - _log_comb(torch.tensor(float(pool)), n)
-    weight = torch.where(ranks >= n, log_weight.exp(), 0.0)  # (N,) sums to 1
-    sorted_proxy = proxy.double().gather(1, order)  # (P, N)
-    sorted_gold = gold.double().gather(1, order)  # (P, N)
-    return (sorted_proxy * weight).sum(1).float(), (sorted_gold * weight).sum(1).float()
-
-
-def _log_comb(k: torch.Tensor, r: int) -> torch.Tensor:
-    """log C(k, r) elementwise (-inf where k < r)."""
-    k = k.double()
-    value = torch.lgamma(k + 1) - math.lgamma(r + 1) - torch.lgamma((k - r).clamp(min=0) + 1)
-    return torch.where(k >= r, value, float("-inf"))
-
-
-# --------------------------------------------------------------------------- sampling & scoring
-def model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
-@torch.no_grad()
-def sample_responses(
-    model: nn.Module,
-    tokenizer,
-    prompts: Sequence[Sequence[int]],
-    sampling: SamplingConfig,
-    *,
-    seed: int,
-    batch_size: int,
-    repeat: int = 1,
-) -> list[ScoreInput]:
-    """Sample ``repeat`` responses per prompt (rows prompt-major: prompt 0's, then 1's...).
-
-    One seeded generator for the whole call, so the same model, prompts and settings always
-    give the same samples. Returns the batches as ``ScoreInput``s, ready for any scorer.
-    """
-    model.eval()
-    device = model_device(model)
-    generator = torch.Generator(device).manual_seed(seed)
-    rows = [p for p in prompts for _ in range(repeat)]
-    collate = PromptCollator(tokenizer.pad_token_id)
-    batches = []
-    for start in range(0, len(rows), batch_size):
-        batch = collate(rows[start : start + batch_size])
-        query, query_mask = batch["query"].to(device), batch["query_mask"].to(device)  # (B, Tq)
-        out = generate(
-            model,
-            query,
-            query_mask,
-            sampling,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            generator=generator,
-        )
-        batches.append(
-            ScoreInput(
-                prompts=tokenizer.batch_decode(query, skip_special_tokens=True),
-                responses=tokenizer.batch_decode(out.response, skip_special_tokens=True),
-                query=query,
-                query_mask=query_mask,
-                response=out.response,
-                response_mask=out.response_mask,
-            )
-        )
-    return batches
-
-
-@torch.no_grad()
 def response_logprobs(model: nn.Module, batch: ScoreInput, temperature: float = 1.0):
     """log pi(response | query) per row (B,): the sum of the response tokens' log-probs."""
     inputs = sequence_inputs(batch.query, batch.query_mask, batch.response, batch.response_mask)

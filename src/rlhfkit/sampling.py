@@ -8,9 +8,9 @@ ties), which is reported beside the score it reached so that it can be compared 
 KL that PPO or DPO spend for the same score. The picks can be written as a demonstrations
 file, the data of rejection-sampling fine-tuning (SFT on the best samples; Llama 2, sec. 3.2.3).
 
-Sampling and the KL formula are shared with ``rlhfkit.evaluate`` (``sample_responses``,
-``best_of_n_kl``); this module adds the picks, the scorer spec of the ``bon`` command and the
-demonstrations file. Departure: prompts whose best response is empty (EOS first) are left
+``sample_responses`` (seeded sampling of k responses per prompt), the KL formula and WebGPT's
+unbiased best-of-n estimator (``best_of_n_expected``) live here and serve ``rlhfkit.evaluate``
+too; the ``bon`` command writes the picks as a demonstrations file. Departure: prompts whose best response is empty (EOS first) are left
 out of the file, since a demonstration needs a non-empty response.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,16 +27,104 @@ import torch
 from torch import nn
 
 from rlhfkit.config import DEMO_DATA, SamplingOptions, _require
-from rlhfkit.data import PromptRecord, encode_prompts, load_records
-from rlhfkit.evaluate import best_of_n_kl, sample_responses
-from rlhfkit.generation import SamplingConfig
+from rlhfkit.data import PromptCollator, PromptRecord, encode_prompts, load_records
+from rlhfkit.generation import SamplingConfig, generate
 from rlhfkit.models import freeze, load_causal_lm, load_tokenizer
-from rlhfkit.rewards import FunctionScorer, Scorer, build_scorer
-from rlhfkit.tasks import REWARD_FUNCTIONS
+from rlhfkit.rewards import ScoreInput, Scorer, parse_scorer
 
 logger = logging.getLogger(__name__)
 
 
+def best_of_n_kl(n: int) -> float:
+    """Analytic KL(best-of-n || sampler) = log n - (n - 1) / n (Gao et al. 2022, eq. 1)."""
+    if n < 1:
+        raise ValueError(f"best_of_n_kl: n={n}, allowed: n >= 1")
+    return math.log(n) - (n - 1) / n
+
+
+def best_of_n_expected(
+    proxy: torch.Tensor, gold: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expected proxy and gold score of best-of-n (pick = highest proxy), per prompt.
+
+    ``proxy``, ``gold``: (P, N) scores of a pool of N samples per prompt. The expectation is
+    over all n-subsets of the pool (WebGPT's unbiased estimator): with the pool sorted by proxy
+    ascending, the sample of rank i (1-based) is the pick of C(i - 1, n - 1) of the C(N, n)
+    subsets. Returns ``(proxy_mean, gold_mean)``, each (P,).
+    """
+    pool = proxy.shape[1]
+    if not 1 <= n <= pool:
+        raise ValueError(f"best_of_n_expected: n={n}, allowed: 1 <= n <= pool size {pool}")
+    order = proxy.argsort(dim=1)  # (P, N) ascending
+    ranks = torch.arange(1, pool + 1, dtype=torch.float64)
+    # log C(i-1, n-1) - log C(N, n) with lgamma, exact enough and free of overflow
+    log_weight = _log_comb(ranks - 1, n - 1) - _log_comb(torch.tensor(float(pool)), n)
+    weight = torch.where(ranks >= n, log_weight.exp(), 0.0)  # (N,) sums to 1
+    sorted_proxy = proxy.double().gather(1, order)  # (P, N)
+    sorted_gold = gold.double().gather(1, order)  # (P, N)
+    return (sorted_proxy * weight).sum(1).float(), (sorted_gold * weight).sum(1).float()
+
+
+def _log_comb(k: torch.Tensor, r: int) -> torch.Tensor:
+    """log C(k, r) elementwise (-inf where k < r)."""
+    k = k.double()
+    value = torch.lgamma(k + 1) - math.lgamma(r + 1) - torch.lgamma((k - r).clamp(min=0) + 1)
+    return torch.where(k >= r, value, float("-inf"))
+
+
+# --------------------------------------------------------------------------- sampling & scoring
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def sample_responses(
+    model: nn.Module,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    *,
+    seed: int,
+    batch_size: int,
+    repeat: int = 1,
+) -> list[ScoreInput]:
+    """Sample ``repeat`` responses per prompt (rows prompt-major: prompt 0's, then 1's...).
+
+    One seeded generator for the whole call, so the same model, prompts and settings always
+    give the same samples. Returns the batches as ``ScoreInput``s, ready for any scorer.
+    """
+    model.eval()
+    device = model_device(model)
+    generator = torch.Generator(device).manual_seed(seed)
+    rows = [p for p in prompts for _ in range(repeat)]
+    collate = PromptCollator(tokenizer.pad_token_id)
+    batches = []
+    for start in range(0, len(rows), batch_size):
+        batch = collate(rows[start : start + batch_size])
+        query, query_mask = batch["query"].to(device), batch["query_mask"].to(device)  # (B, Tq)
+        out = generate(
+            model,
+            query,
+            query_mask,
+            sampling,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            generator=generator,
+        )
+        batches.append(
+            ScoreInput(
+                prompts=tokenizer.batch_decode(query, skip_special_tokens=True),
+                responses=tokenizer.batch_decode(out.response, skip_special_tokens=True),
+                query=query,
+                query_mask=query_mask,
+                response=out.response,
+                response_mask=out.response_mask,
+            )
+        )
+    return batches
+
+
+@torch.no_grad()
 @dataclass
 class BestOfN:
     """The picks of best-of-n over P prompts."""
@@ -139,21 +228,6 @@ def write_demonstrations(result: BestOfN, path: str | Path) -> Path:
     return path
 
 
-def load_scorer(spec: str) -> Scorer:
-    """A scorer from its command-line spec: a reward model directory, a built-in task name
-    (``rlhfkit.tasks.REWARD_FUNCTIONS``: 'sentiment', 'digits') or 'module:function'."""
-    if Path(spec).is_dir():
-        return build_scorer(spec)
-    if spec in REWARD_FUNCTIONS:
-        return FunctionScorer(REWARD_FUNCTIONS[spec], name=spec)
-    if ":" in spec:
-        return build_scorer(None, [spec])
-    raise ValueError(
-        f"scorer={spec!r}: expected a reward model directory, one of "
-        f"{sorted(REWARD_FUNCTIONS)}, or 'module:function'"
-    )
-
-
 @dataclass
 class BestOfNConfig(SamplingOptions):
     """Best-of-n sampling from a model, written as demonstrations (rejection sampling)."""
@@ -161,7 +235,8 @@ class BestOfNConfig(SamplingOptions):
     model: str = "runs/sft/final"
     """Causal LM to sample from (name or directory)."""
     scorer: str = "runs/rm/final"
-    """Reward model directory, built-in task ('sentiment', 'digits') or 'module:function'."""
+    """What scores the samples: a reward model directory, 'sentiment', 'digits', 'gold',
+    'perplexity' (under `model`), 'perplexity:PATH' or 'module:function'."""
     n: int = 16
     """Samples per prompt; the best one is kept."""
     prompts: str = f"{DEMO_DATA}/prompts"
@@ -193,7 +268,7 @@ def run_bon(config: BestOfNConfig) -> Path:
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tokenizer = load_tokenizer(config.model)
     policy = freeze(load_causal_lm(config.model, tokenizer=tokenizer)).to(device)
-    scorer = load_scorer(config.scorer).to(device)
+    scorer = parse_scorer(config.scorer, tokenizer=tokenizer, model=policy).to(device)
     records = load_records(config.prompts, "prompts", split=config.split, limit=config.max_prompts)
     result = best_of_n(
         policy,
