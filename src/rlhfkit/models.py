@@ -386,33 +386,31 @@ def merge_lora(model: nn.Module) -> nn.Module:
 
 
 # --------------------------------------------------------------------------- atomic save
-def save_pretrained_atomic(model: nn.Module, tokenizer, path: str | os.PathLike) -> Path:
-    """Save ``model`` (and ``tokenizer`` if given) so that ``path`` is never half-written.
-
-    Writes into ``path.parent/.tmp-<name>-<pid>``, then swaps it in with renames: a crash while
-    writing leaves any previous checkpoint at ``path`` untouched. A peft model saves its adapter.
-    """
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory that replaces `path` only if the block finishes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     try:
+        yield tmp
+        old = path.parent / f".old-{path.name}-{os.getpid()}"
+        if path.exists():
+            os.replace(path, old)  # moved aside, not deleted, until the new one is in place
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_pretrained_atomic(model: nn.Module, tokenizer, path: str | os.PathLike) -> Path:
+    """Save ``model`` (and ``tokenizer`` if given) so that ``path`` is never half-written
+    (``atomic_dir``): a crash while writing leaves any previous save at ``path`` untouched.
+    A peft model saves its adapter."""
+    with atomic_dir(path) as tmp:
         model.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        _swap_in(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
-
-
-def _swap_in(new: Path, path: Path) -> None:
-    """Rename ``new`` to ``path``; an existing ``path`` is moved aside first, then deleted."""
-    if not path.exists():
-        os.replace(new, path)
-        return
-    old = path.parent / f".old-{path.name}-{os.getpid()}"
-    shutil.rmtree(old, ignore_errors=True)
-    os.replace(path, old)
-    os.replace(new, path)
-    shutil.rmtree(old)
+    return Path(path)

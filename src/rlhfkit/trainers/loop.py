@@ -50,7 +50,7 @@ from torch import nn
 from transformers import get_scheduler
 
 from rlhfkit.config import TrainConfig
-from rlhfkit.models import prepare_model
+from rlhfkit.models import atomic_dir, prepare_model
 from rlhfkit.tracking import Tracker
 from rlhfkit.trainers import checkpoint as ckpt
 
@@ -349,7 +349,7 @@ class Trainer:
         self.on_train_end()
         self.state.complete = True
         if self.accelerator.is_main_process:
-            with ckpt.atomic_dir(self.config.final_dir) as tmp:
+            with atomic_dir(self.config.final_dir) as tmp:
                 self.save_model(tmp)
                 ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
             keys = [*self.plot_keys, *(f"eval/{k}" for k in self.state.eval_metrics)]

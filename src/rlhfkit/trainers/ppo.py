@@ -44,7 +44,7 @@ from rlhfkit.data import (
     encode_prompts,
     load_records,
 )
-from rlhfkit.models import disable_dropout, freeze, load_tokenizer, prepare_model
+from rlhfkit.models import atomic_dir, disable_dropout, freeze, load_tokenizer, prepare_model
 from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
@@ -354,7 +354,7 @@ class PPOTrainer:
     def _finish(self, tracker: Tracker) -> None:
         self.save_checkpoint()
         self.state.complete = True
-        with ckpt.atomic_dir(self.config.final_dir) as tmp:
+        with atomic_dir(self.config.final_dir) as tmp:
             self.save_models(tmp)
             ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
         keys = ("score/mean", "kl/ref", "policy/entropy", "value/explained_variance")
@@ -391,7 +391,7 @@ class PPOTrainer:
             "sample": self.sample_generator.get_state(),
             "shuffle": self.shuffle_generator.get_state(),
         }
-        with ckpt.atomic_dir(path) as tmp:
+        with atomic_dir(path) as tmp:
             ckpt.save_state(weights, tmp / WEIGHTS_FILE)
             ckpt.save_state(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
             ckpt.save_state(rng, tmp / RNG_FILE)
