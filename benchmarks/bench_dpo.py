@@ -89,7 +89,7 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     tokenizer = load_tokenizer(config.model)
     model = load_causal_lm(config.model, tokenizer=tokenizer)
     reference = None if precompute else load_reference(config.model, tokenizer=tokenizer)
-    pairs = load_pairs(config.train_data, "train", tokenizer, MAX_LENGTH, None)
+    pairs = load_pairs(config, config.train_data, "train", tokenizer, None)
     started = time.perf_counter()
     trainer = DPOTrainer(config, model, tokenizer, pairs, reference=reference)
     init_s = time.perf_counter() - started

@@ -180,12 +180,30 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-def _check_data_fields(cfg: TrainConfig) -> None:
-    _require(cfg, "train_data", bool(cfg.train_data), "a data file, directory or hub name")
-    _require(cfg, "max_length", cfg.max_length >= 2, "an integer >= 2 (prompt + response)")
-    for name in ("max_train_samples", "max_eval_samples"):
-        value = getattr(cfg, name)
-        _require(cfg, name, value is None or value >= 1, "None or an integer >= 1")
+@dataclass
+class DataOptions:
+    """Fields of the stages that train on a fixed dataset (SFT, reward model, DPO); each stage
+    documents its own `train_data` and `eval_data`."""
+
+    train_split: str = "train"
+    """Split to read from `train_data` when it is a dataset with splits."""
+    eval_split: str = "test"
+    """Split to read from `eval_data` when it is a dataset with splits."""
+    max_length: int = 256
+    """Maximum tokens of prompt + response; longer examples are truncated (and counted)."""
+    max_train_samples: int | None = None
+    """Use only the first this many training records; None uses all."""
+    max_eval_samples: int | None = None
+    """Use only the first this many evaluation records; None uses all."""
+    columns: dict[str, str] | None = None
+    """Map our field names to the data's column names, e.g. {"response": "completion"}."""
+
+    def _check_data(self) -> None:
+        _require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
+        _require(self, "max_length", self.max_length >= 2, "an integer >= 2 (prompt + response)")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            _require(self, name, value is None or value >= 1, "None or an integer >= 1")
 
 
 @dataclass
@@ -279,7 +297,7 @@ class ScorerOptions:
 
 
 @dataclass
-class SFTConfig(TrainConfig):
+class SFTConfig(DataOptions, TrainConfig):
     """Supervised fine-tuning on prompt/response demonstrations (InstructGPT step 1)."""
 
     output_dir: str = "runs/sft"
@@ -290,26 +308,14 @@ class SFTConfig(TrainConfig):
     """Demonstrations to train on: .jsonl/.json/.parquet file, dataset directory or hub name."""
     eval_data: str | None = f"{DEMO_DATA}/sft"
     """Held-out demonstrations for response NLL and perplexity; None skips evaluation."""
-    train_split: str = "train"
-    """Split to read from `train_data` when it is a dataset with splits."""
-    eval_split: str = "test"
-    """Split to read from `eval_data` when it is a dataset with splits."""
-    max_length: int = 256
-    """Maximum tokens of prompt + response; longer examples are truncated (and counted)."""
-    max_train_samples: int | None = None
-    """Use only the first this many training examples; None uses all."""
-    max_eval_samples: int | None = None
-    """Use only the first this many evaluation examples; None uses all."""
-    columns: dict[str, str] | None = None
-    """Map our field names to the data's column names, e.g. {"response": "completion"}."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_data_fields(self)
+        self._check_data()
 
 
 @dataclass
-class RewardConfig(TrainConfig):
+class RewardConfig(DataOptions, TrainConfig):
     """Reward model on chosen/rejected pairs or K-way rankings (InstructGPT step 2)."""
 
     output_dir: str = "runs/rm"
@@ -318,18 +324,6 @@ class RewardConfig(TrainConfig):
     """Comparisons (prompt/chosen/rejected) or rankings (prompt/responses/ranking) to train on."""
     eval_data: str | None = f"{DEMO_DATA}/comparisons"
     """Held-out comparisons for pairwise (and ranking) accuracy; None skips evaluation."""
-    train_split: str = "train"
-    """Split to read from `train_data` when it is a dataset with splits."""
-    eval_split: str = "test"
-    """Split to read from `eval_data` when it is a dataset with splits."""
-    max_length: int = 256
-    """Maximum tokens of prompt + response; longer examples are truncated (and counted)."""
-    max_train_samples: int | None = None
-    """Use only the first this many training records; None uses all."""
-    max_eval_samples: int | None = None
-    """Use only the first this many evaluation records; None uses all."""
-    columns: dict[str, str] | None = None
-    """Map our field names to the data's column names, e.g. {"chosen": "preferred"}."""
     loss: Literal["logsigmoid", "logexp"] = "logsigmoid"
     """Pairwise loss: -log sigmoid(r_chosen - r_rejected [- margin]) or log(1 + exp(r_rej - r_ch))."""
     margin: float | None = None
@@ -340,7 +334,7 @@ class RewardConfig(TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_data_fields(self)
+        self._check_data()
         _require(
             self,
             "margin",
@@ -378,7 +372,7 @@ def load_config(
 
 
 @dataclass
-class DPOConfig(LoRAOptions, TrainConfig):
+class DPOConfig(DataOptions, LoRAOptions, TrainConfig):
     """Direct preference optimisation (Rafailov et al. 2023) and its IPO / conservative variants."""
 
     output_dir: str = "runs/dpo"
@@ -387,16 +381,6 @@ class DPOConfig(LoRAOptions, TrainConfig):
     """Comparisons (prompt/chosen/rejected) or rankings (expanded into all pairs) to train on."""
     eval_data: str | None = f"{DEMO_DATA}/comparisons"
     """Held-out comparisons for preference accuracy and implicit-reward margin; None skips."""
-    train_split: str = "train"
-    """Split to read from `train_data` when it is a dataset with splits."""
-    eval_split: str = "test"
-    """Split to read from `eval_data` when it is a dataset with splits."""
-    max_length: int = 256
-    """Maximum tokens of prompt + response; longer examples are truncated (and counted)."""
-    max_train_samples: int | None = None
-    """Use only the first this many training records; None uses all."""
-    max_eval_samples: int | None = None
-    """Use only the first this many evaluation records; None uses all."""
     beta: float = 0.1
     """Inverse temperature of the implicit reward beta * log(pi / ref) (IPO's tau)."""
     loss_type: Literal["sigmoid", "ipo", "conservative"] = "sigmoid"
@@ -414,7 +398,7 @@ class DPOConfig(LoRAOptions, TrainConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_data_fields(self)
+        self._check_data()
         self._check_lora()
         _require(self, "beta", 0 < self.beta < math.inf, "a number > 0")
         if self.loss_type == "conservative":

@@ -261,11 +261,11 @@ class DPOTrainer(PolicyTrainer):
 
 
 def load_pairs(
-    source: str, split: str, tokenizer: Any, max_length: int, limit: int | None
+    config: DPOConfig, source: str, split: str, tokenizer: Any, limit: int | None
 ) -> list[DPOPair]:
     """Comparisons from ``source`` as tokenised `DPOPair`s (see `preference_pairs`)."""
-    records = load_records(source, "comparisons", split=split, limit=limit)
-    examples, _ = encode_comparisons(records, tokenizer, max_length)
+    records = load_records(source, "comparisons", split=split, columns=config.columns, limit=limit)
+    examples, _ = encode_comparisons(records, tokenizer, config.max_length)
     return preference_pairs(examples)
 
 
@@ -279,20 +279,12 @@ def run_dpo(config: DPOConfig) -> Path:
     tokenizer = load_tokenizer(config.model)
     model = load_causal_lm(config.model, tokenizer=tokenizer)
     train = load_pairs(
-        config.train_data,
-        config.train_split,
-        tokenizer,
-        config.max_length,
-        config.max_train_samples,
+        config, config.train_data, config.train_split, tokenizer, config.max_train_samples
     )
     evals = None
     if config.eval_data:
         evals = load_pairs(
-            config.eval_data,
-            config.eval_split,
-            tokenizer,
-            config.max_length,
-            config.max_eval_samples,
+            config, config.eval_data, config.eval_split, tokenizer, config.max_eval_samples
         )
     reference = None
     if config.reference:
