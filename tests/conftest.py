@@ -26,6 +26,8 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
 )
 
+from rlhfkit.rewards import Scorer  # noqa: E402
+
 # The test models are tiny: a second thread costs more in synchronisation than it saves, and
 # on a busy machine it makes each forward many times slower (measured: 440 ms vs 5.5 ms).
 torch.set_num_threads(1)
@@ -73,6 +75,43 @@ def build_tiny_tokenizer(vocab_size: int = TINY_VOCAB_SIZE) -> PreTrainedTokeniz
     )
 
 
+def tiny_lm(tokenizer, seed: int = 0, n_positions: int = 64) -> GPT2LMHeadModel:
+    """A fresh seeded 2-layer GPT-2 (n_embd 64) over ``tokenizer``'s vocabulary."""
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=64,
+        n_positions=n_positions,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(config)
+
+
+def tiny_prompts(tokenizer, n: int = 64) -> list[list[int]]:
+    """``n`` prompts of at most 6 token ids from the tiny corpus."""
+    return [tokenizer(line)["input_ids"][:6] for line in tiny_corpus(n)]
+
+
+TARGETS = range(10, 50)  # 40 of ~400 token ids: about 10% of random tokens hit at the start
+
+
+class TargetFraction(Scorer):
+    """Share of the response's real tokens that are ``TARGETS`` ids (a trivially learnable
+    reward for the RL trainers); remembers the last batch it scored."""
+
+    name = "target_fraction"
+
+    def score(self, batch):
+        self.last = batch
+        real = batch.response_mask != 0
+        hits = (batch.response >= TARGETS.start) & (batch.response < TARGETS.stop) & real
+        return hits.sum(1).float() / real.sum(1)
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory):
     """Directory holding the tiny tokenizer, loadable with ``AutoTokenizer.from_pretrained``."""
@@ -91,18 +130,7 @@ def tiny_tokenizer(tiny_tokenizer_dir):
 def tiny_model_dir(tmp_path_factory, tiny_tokenizer):
     """A seeded 2-layer GPT-2 (n_embd 64) saved together with the tiny tokenizer."""
     path = tmp_path_factory.mktemp("tiny_model")
-    config = GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=64,
-        n_positions=128,
-        vocab_size=len(tiny_tokenizer),
-        bos_token_id=tiny_tokenizer.bos_token_id,
-        eos_token_id=tiny_tokenizer.eos_token_id,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(config)
+    model = tiny_lm(tiny_tokenizer, n_positions=128)
     model.generation_config.pad_token_id = tiny_tokenizer.pad_token_id
     model.save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)

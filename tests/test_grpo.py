@@ -6,46 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import tiny_corpus
+from conftest import TargetFraction, tiny_corpus, tiny_lm, tiny_prompts
 from rlhfkit.config import ConfigError, GRPOConfig, RLOOConfig, load_config
 from rlhfkit.data import PromptCollator
 from rlhfkit.ops.advantages import group_advantages
-from rlhfkit.rewards import Scorer
 from rlhfkit.trainers.grpo import GRPOTrainer, group_baseline_advantages, run_grpo
-
-TARGETS = range(10, 50)  # 40 of ~400 token ids: about 10% of random tokens hit at the start
-
-
-class TargetFraction(Scorer):
-    """Share of the response's real tokens that are target ids; remembers the last batch."""
-
-    name = "target_fraction"
-
-    def score(self, batch):
-        self.last = batch
-        real = batch.response_mask != 0
-        hits = (batch.response >= TARGETS.start) & (batch.response < TARGETS.stop) & real
-        return hits.sum(1).float() / real.sum(1)
-
-
-def _lm(tokenizer, seed=0):
-    config = GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=64,
-        n_positions=64,
-        vocab_size=len(tokenizer),
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(config)
-
-
-def _prompts(tokenizer, n=64):
-    return [tokenizer(line)["input_ids"][:6] for line in tiny_corpus(n)]
 
 
 def _config(tmp_path, **overrides):
@@ -84,11 +50,11 @@ def test_advantage_dispatch_by_hand(tmp_path):
 def test_loss_and_gradient_equal_a_plain_loop(tiny_tokenizer, tmp_path):
     scorer = TargetFraction()
     beta = 0.1
-    prompts = _prompts(tiny_tokenizer)
-    reference = _lm(tiny_tokenizer, seed=1)  # differs from the policy: the KL term is not 0
+    prompts = tiny_prompts(tiny_tokenizer)
+    reference = tiny_lm(tiny_tokenizer, seed=1)  # differs from the policy: the KL term is not 0
     trainer = GRPOTrainer(
         _config(tmp_path, beta=beta),
-        _lm(tiny_tokenizer),
+        tiny_lm(tiny_tokenizer),
         tiny_tokenizer,
         prompts,
         scorer,
@@ -135,10 +101,10 @@ def test_loss_and_gradient_equal_a_plain_loop(tiny_tokenizer, tmp_path):
 def test_learns_a_trivial_reward_and_the_reference_does_not_move(
     advantage, tiny_tokenizer, tmp_path
 ):
-    prompts = _prompts(tiny_tokenizer)
+    prompts = tiny_prompts(tiny_tokenizer)
     config = _config(tmp_path, advantage=advantage)
     trainer = GRPOTrainer(
-        config, _lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction(), prompts[:32]
+        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction(), prompts[:32]
     )
     before = {k: v.clone() for k, v in trainer.reference.state_dict().items()}
     start = trainer.run_evaluation()["score"]
@@ -157,8 +123,8 @@ def test_learns_a_trivial_reward_and_the_reference_does_not_move(
 
 
 def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
-    prompts = _prompts(tiny_tokenizer)
-    lm = _lm(tiny_tokenizer)
+    prompts = tiny_prompts(tiny_tokenizer)
+    lm = tiny_lm(tiny_tokenizer)
     base = {k: v.clone() for k, v in lm.state_dict().items()}
     config = _config(tmp_path, lora=True, max_steps=2, learning_rate=1e-2)
     trainer = GRPOTrainer(config, lm, tiny_tokenizer, prompts, TargetFraction())
@@ -169,7 +135,11 @@ def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
         key = next(k for k in state if k.replace(".base_layer", "") == name)
         assert torch.equal(state[key], value), name
     no_kl = GRPOTrainer(
-        _config(tmp_path, beta=0.0), _lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
+        _config(tmp_path, beta=0.0),
+        tiny_lm(tiny_tokenizer),
+        tiny_tokenizer,
+        prompts,
+        TargetFraction(),
     )
     assert no_kl.reference is None
     batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
@@ -177,11 +147,13 @@ def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
 
 
 def test_stop_and_resume_equals_an_uninterrupted_run(tiny_tokenizer, tmp_path):
-    prompts = _prompts(tiny_tokenizer)
+    prompts = tiny_prompts(tiny_tokenizer)
 
     def trainer(out, **overrides):
         config = _config(tmp_path, output_dir=str(tmp_path / out), max_steps=2, **overrides)
-        return GRPOTrainer(config, _lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction())
+        return GRPOTrainer(
+            config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
+        )
 
     straight = trainer("a")
     straight.train()

@@ -3,48 +3,15 @@ LoRA reference without a second copy, value-head critic, PPO-ptx, config checks.
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
-from conftest import tiny_corpus
+from conftest import TARGETS, TargetFraction, tiny_lm, tiny_prompts
 from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
 from rlhfkit.models import ValueModel, add_lora
-from rlhfkit.rewards import RewardModelScorer, Scorer
+from rlhfkit.rewards import RewardModelScorer
 from rlhfkit.rollout import ValueHeadLM
 from rlhfkit.trainers.ppo import PPOTrainer
 from rlhfkit.trainers.ppo_config import PPOConfig
-
-TARGETS = range(10, 50)  # 40 of ~400 token ids: about 10% of random tokens hit at the start
-
-
-class TargetFraction(Scorer):
-    """Share of the response's real tokens that are target ids: a trivially learnable reward."""
-
-    name = "target_fraction"
-
-    def score(self, batch):
-        real = batch.response_mask != 0
-        hits = (batch.response >= TARGETS.start) & (batch.response < TARGETS.stop) & real
-        return hits.sum(1).float() / real.sum(1)
-
-
-def _lm(tokenizer, seed=0):
-    config = GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=64,
-        n_positions=64,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(config)
-
-
-def _prompts(tokenizer, n=64):
-    return [tokenizer(line)["input_ids"][:6] for line in tiny_corpus(n)]
 
 
 def _config(tmp_path, **overrides):
@@ -68,13 +35,13 @@ def _config(tmp_path, **overrides):
 
 
 def _trainer(tiny_tokenizer, tmp_path, scorer=None, **overrides):
-    policy, reference = _lm(tiny_tokenizer), _lm(tiny_tokenizer)
-    critic = ValueModel(_lm(tiny_tokenizer, seed=1).transformer)
+    policy, reference = tiny_lm(tiny_tokenizer), tiny_lm(tiny_tokenizer)
+    critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
     return PPOTrainer(
         _config(tmp_path, **overrides),
         policy,
         tiny_tokenizer,
-        _prompts(tiny_tokenizer),
+        tiny_prompts(tiny_tokenizer),
         scorer or TargetFraction(),
         reference=reference,
         critic=critic,
@@ -135,7 +102,7 @@ def test_function_and_model_scorers_with_the_same_scores_give_the_same_step(
     a, b = _weights(model_trainer.trainable), _weights(function_trainer.trainable)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert not torch.equal(
-        a["policy.lm_head.weight"], _weights(_lm(tiny_tokenizer))["lm_head.weight"]
+        a["policy.lm_head.weight"], _weights(tiny_lm(tiny_tokenizer))["lm_head.weight"]
     )
 
 
@@ -157,14 +124,14 @@ def test_resume_continues_exactly(tiny_tokenizer, tmp_path):
 
 
 def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_path):
-    policy = add_lora(_lm(tiny_tokenizer), r=4, alpha=8)
-    critic = ValueModel(_lm(tiny_tokenizer, seed=1).transformer)
+    policy = add_lora(tiny_lm(tiny_tokenizer), r=4, alpha=8)
+    critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
     base_before = {k: v.clone() for k, v in policy.state_dict().items() if "lora_" not in k}
     trainer = PPOTrainer(
         _config(tmp_path, lora=True, iterations=1),
         policy,
         tiny_tokenizer,
-        _prompts(tiny_tokenizer),
+        tiny_prompts(tiny_tokenizer),
         TargetFraction(),
         reference=None,
         critic=critic,
@@ -178,16 +145,16 @@ def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_p
 
 
 def test_value_head_critic_and_ptx_term(tiny_tokenizer, tmp_path):
-    policy = ValueHeadLM(_lm(tiny_tokenizer))
+    policy = ValueHeadLM(tiny_lm(tiny_tokenizer))
     ids = tiny_tokenizer("Number 1. The cat sees a red ball.")["input_ids"]
     ptx = [SFTExample(ids, [-100] * 3 + ids[3:])] * 8
     trainer = PPOTrainer(
         _config(tmp_path, critic="value_head", ptx_coef=0.5, ptx_data="unused"),
         policy,
         tiny_tokenizer,
-        _prompts(tiny_tokenizer),
+        tiny_prompts(tiny_tokenizer),
         TargetFraction(),
-        reference=_lm(tiny_tokenizer),
+        reference=tiny_lm(tiny_tokenizer),
         critic=None,
         ptx_examples=ptx,
     )
