@@ -175,7 +175,9 @@ def _print_summary(name: str, config: Any, result: Any) -> None:
     if output_dir is not None:
         run_dir = Path(output_dir).resolve()
         print(f"  run directory:  {run_dir} (metrics.jsonl, curves.png, checkpoints)")
-        print(f"  TensorBoard:    tensorboard --logdir {run_dir / 'tb'}")
+        # The directory itself: TensorBoard finds every stage's events below it (a pipeline
+        # writes <run>/<stage>/tb).
+        print(f"  TensorBoard:    tensorboard --logdir {run_dir}")
 
 
 if __name__ == "__main__":

@@ -127,6 +127,7 @@ def win_rate(scores: torch.Tensor, baseline: torch.Tensor) -> float:
     return wins.mean().item()
 
 
+@torch.no_grad()
 def response_logprobs(model: nn.Module, batch: ScoreInput, temperature: float = 1.0):
     """log pi(response | query) per row (B,): the sum of the response tokens' log-probs."""
     inputs = sequence_inputs(batch.query, batch.query_mask, batch.response, batch.response_mask)

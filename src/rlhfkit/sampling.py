@@ -124,7 +124,6 @@ def sample_responses(
     return batches
 
 
-@torch.no_grad()
 @dataclass
 class BestOfN:
     """The picks of best-of-n over P prompts."""
