@@ -20,8 +20,18 @@ Measured:
   sampled KL to the base model.
 
 Prints a table, writes ``results.json`` and ``curves.png`` (train reward and KL against
-sampled responses) under ``--out`` (each method's run in its own folder there), and the
-command line.
+sampled responses, reward against KL) under ``--out`` (each method's run in its own folder
+there), and the command line. The machine is shared: one torch thread by default (two threads
+that get descheduled wait on each other).
+
+Defaults, tuned on seed 42 at 100 iterations (3,200 responses per method): PPO lr 5e-5
+(linear decay, configs/ppo.yaml) with kl_coef 0.4. Weaker penalties let it find the "two or
+three or two three" number soup and climb towards the cap of 10 at a KL of 11-34 nats
+(kl_coef 0.05, 0.1 at lr 3e-5, 0.2, 0.3: held-out distinct-2 0.42, 0.53, 0.57, 0.71 on 128
+prompts, base 0.87); kl_coef 0.5 stays fluent but gains only 3.7x; lr 1e-5 with kl_coef 0.05
+only 2.1x. GRPO and RLOO share lr 5e-5 (constant) and beta 0.04 (configs/grpo.yaml,
+rloo.yaml); at lr 1e-4 both saturate at the cap with distinct-2 below 0.46 (512 prompts, base
+0.77). About 9 minutes on 2 shared cores (PPO 3 s, GRPO / RLOO 0.8 s per iteration).
 
     nice -n 5 .venv/bin/python benchmarks/rl_digits.py --out runs/rl_digits
 """
@@ -60,6 +70,7 @@ RESPONSES_PER_ITER = 32
 GENERATIONS = 4  # GRPO / RLOO group size: 8 prompts x 4 = 32 responses
 PROMPT_LENGTH = 64
 LAST = 5  # iterations averaged at each end of a train curve
+EVAL_SEED = 0  # the same held-out samples whatever the training seed
 
 
 def ppo_config(args, out: Path) -> PPOConfig:
@@ -120,7 +131,7 @@ def evaluate(models: dict[str, Path], args) -> dict[str, dict]:
     )
     reference = freeze(load_causal_lm(BASE_MODEL_DIR, tokenizer=tokenizer))
     sampling = SamplingConfig(args.max_new_tokens, 1.0)
-    common = {"reward": None, "gold": gold_scorer("digits"), "seed": args.seed, "batch_size": 64}
+    common = {"reward": None, "gold": gold_scorer("digits"), "seed": EVAL_SEED, "batch_size": 64}
     base = evaluate_policy(reference, reference, tokenizer, prompts, sampling, **common)
     rows = {"base": {**summarize("base", base, base), "examples": base.responses[:4]}}
     for name, path in models.items():
@@ -184,25 +195,33 @@ def print_table(rows: list[dict], evals: dict[str, dict]) -> None:
         )
 
 
+def _smooth(values: list[float], window: int = 10) -> list[float]:
+    """Trailing moving average."""
+    return [_mean(values[max(0, i - window + 1) : i + 1]) for i in range(len(values))]
+
+
 def plot(runs: dict[str, dict], path: Path, command: str) -> None:
-    """Train mean reward (raw and 10-iteration moving average) and logged KL against sampled
-    responses, one line per method."""
+    """Train mean reward (raw, and a 10-iteration moving average) and logged KL against sampled
+    responses, and reward against KL (both averaged), one line per method."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_score, ax_kl) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (ax_score, ax_kl, ax_front) = plt.subplots(1, 3, figsize=(16, 4.5))
     for method, run in runs.items():
         curve = run["curve"]
-        x, y = curve["responses"], curve["score"]
-        smooth = [_mean(y[max(0, i - 9) : i + 1]) for i in range(len(y))]
-        (line,) = ax_score.plot(x, smooth, label=method)
-        ax_score.plot(x, y, color=line.get_color(), alpha=0.25, linewidth=0.8)
-        ax_kl.plot(x, curve["kl"], color=line.get_color(), label=method)
+        x, score, kl = curve["responses"], curve["score"], curve["kl"]
+        (line,) = ax_score.plot(x, _smooth(score), label=method)
+        color = line.get_color()
+        ax_score.plot(x, score, color=color, alpha=0.25, linewidth=0.8)
+        ax_kl.plot(x, _smooth(kl), color=color, label=method)
+        ax_front.plot(_smooth(kl), _smooth(score), color=color, label=method)
     ax_score.set(xlabel="sampled responses", ylabel="train mean digits score", title="reward")
     ax_kl.set(xlabel="sampled responses", ylabel="KL(pi || base) per response, nats", title="KL")
-    for ax in (ax_score, ax_kl):
+    ax_front.set(xlabel="KL(pi || base), nats", ylabel="train mean digits score",
+                 title="reward against KL")  # fmt: skip
+    for ax in (ax_score, ax_kl, ax_front):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(command, fontsize=7)
@@ -218,17 +237,18 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=100, help="iterations per method")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--ppo-lr", type=float, default=1e-5)
-    parser.add_argument("--ppo-kl", type=float, default=0.05, help="PPO kl_coef (k1, per token)")
+    parser.add_argument("--ppo-lr", type=float, default=5e-5)
+    parser.add_argument("--ppo-kl", type=float, default=0.4, help="PPO kl_coef (k1, per token)")
     parser.add_argument("--group-lr", type=float, default=5e-5, help="GRPO and RLOO lr")
     parser.add_argument("--group-beta", type=float, default=0.04, help="GRPO and RLOO beta")
-    parser.add_argument("--eval-prompts", type=int, default=128, help="held-out test prompts")
+    parser.add_argument("--eval-prompts", type=int, default=512, help="held-out test prompts")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--eval-only", action="store_true", help="evaluate the runs in --out")
     args = parser.parse_args()
     command = shlex.join([".venv/bin/python", *sys.argv])
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(args.threads)
+    started = time.perf_counter()
 
     runs = {method: train(method, args) for method in args.methods}
     evals = evaluate({m: Path(run["dir"]) / "final" for m, run in runs.items()}, args)
@@ -239,6 +259,7 @@ def main() -> None:
     for method, run in runs.items():
         if run["seconds"] is not None:
             print(f"  {method}: {run['seconds']:.0f} s for {args.iterations} iterations")
+    print(f"  total (training and evaluation): {time.perf_counter() - started:.0f} s")
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "command": command,
