@@ -109,13 +109,12 @@ def train(method: str, args) -> dict:
             run_ppo(ppo_config(args, out))
         else:
             run_grpo(group_config(args, out, method))
-    prefix = "" if method == "ppo" else "train/"
-    rows = [r for r in read_jsonl(out / "metrics.jsonl") if f"{prefix}score/mean" in r]
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/score/mean" in r]
     curve = {
         "responses": [r["step"] * RESPONSES_PER_ITER for r in rows],
-        "score": [r[f"{prefix}score/mean"] for r in rows],
-        "kl": [r[f"{prefix}kl/ref"] for r in rows],
-        "entropy": [r[f"{prefix}policy/entropy"] for r in rows],
+        "score": [r["train/score/mean"] for r in rows],
+        "kl": [r["train/kl/ref"] for r in rows],
+        "entropy": [r["train/policy/entropy"] for r in rows],
     }
     if method != "ppo":
         curve["groups_without_signal"] = [r["train/score/groups_without_signal"] for r in rows]

@@ -124,7 +124,8 @@ def test_report_from_fake_results(tmp_path):
 
     stage = tmp_path / "ppo"
     _write_jsonl(
-        stage / "metrics.jsonl", [{"step": s, "score/mean": s / 10, "kl/ref": s} for s in (1, 2, 3)]
+        stage / "metrics.jsonl",
+        [{"step": s, "train/score/mean": s / 10, "train/kl/ref": s} for s in (1, 2, 3)],
     )
     rows = [
         {"model": "sft", "gold": 0.1, "reward": 0.0, "kl": 0.0, "win_rate_rm": 0.5},

@@ -37,7 +37,13 @@ TABLE_COLUMNS = (
 STAGE_KEYS = {
     "sft": ("train/loss", "eval/nll", "eval/perplexity"),
     "reward": ("train/loss", "train/accuracy", "eval/accuracy", "eval/margin"),
-    "ppo": ("score/mean", "kl/ref", "policy/entropy", "response/length", "policy/clipfrac"),
+    "ppo": (
+        "train/score/mean",
+        "train/kl/ref",
+        "train/policy/entropy",
+        "train/response/length",
+        "train/policy/clipfrac",
+    ),
     "dpo": ("train/loss", "train/accuracy", "train/margin", "eval/accuracy"),
 }
 

@@ -311,7 +311,8 @@ class PPOTrainer:
                 it = self.state.iteration
                 if it % self.config.log_every == 0 or it == target:
                     count = it % self.config.log_every or min(self.config.log_every, it)
-                    tracker.log({k: v / count for k, v in sums.items()}, it)
+                    # Under train/, as every trainer of the shared loop logs.
+                    tracker.log({f"train/{k}": v / count for k, v in sums.items()}, it)
                     sums = {}
                 if it == 1 or it % self.config.sample_every == 0:
                     tracker.log_samples(self._samples(rollout), it)
@@ -358,6 +359,7 @@ class PPOTrainer:
             self.save_models(tmp)
             ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
         keys = ("score/mean", "kl/ref", "policy/entropy", "value/explained_variance")
+        keys = tuple(f"train/{key}" for key in keys)
         tracker.plot(keys, self.output_dir / "curves.png")
         logger.info("finished: final policy in %s", self.config.final_dir)
 
