@@ -57,18 +57,10 @@ from rlhfkit.rewards import RewardModelScorer  # noqa: E402
 from rlhfkit.trainers.ppo import PPOTrainer  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_train import _busy_cpu_s, _own_cpu_s  # noqa: E402
+
 BASE_ASSET = Path(__file__).resolve().parents[1] / "src" / "rlhfkit" / "assets" / "base"
-
-
-def _busy_cpu_s() -> float:
-    with open("/proc/stat") as f:
-        values = [int(x) for x in f.readline().split()[1:]]
-    return (sum(values[:8]) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _scored_head_from_seqcls(path: Path, cls):
