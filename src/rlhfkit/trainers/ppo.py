@@ -11,21 +11,23 @@ or with LoRA the same model with the adapter disabled (never a second copy). The
 separate ``ValueModel`` initialised from the reward model (InstructGPT) or a value head on
 the policy's trunk (``critic="value_head"``).
 
-Departures from TRL 1.12: one AdamW over policy and critic, but gradients are clipped per
-model (the value loss's larger gradients would otherwise shrink the policy's step); minibatch
-order comes from a seeded generator saved in checkpoints, so a resumed run is exact;
-padding columns a minibatch does not use are trimmed before its forward pass.
+Departures from TRL 1.12: policy and critic have one AdamW each and their gradients are
+clipped per model (the value loss's larger gradients would otherwise shrink the policy's
+step); minibatch order comes from a seeded generator saved in checkpoints, so a resumed run
+is exact; padding columns a minibatch does not use are trimmed before its forward pass.
 
 Speed (measured on the issue's CPU workload, see benchmarks/bench_ppo.py): the LM head runs
 only on response positions (``logits_to_keep``); optional bf16 autocast keeps fp32 weights,
 optimiser and loss math; AdamW is the fused kernel; GPT-2's Python GELU is replaced by torch's
 fused one (``models.prepare_model``); the rollout's entropy is logged instead of a per-
-minibatch (b, Tr, V) entropy pass when there is no entropy bonus.
+minibatch (b, Tr, V) entropy pass when there is no entropy bonus; on a CPU, policy and
+separate critic learn side by side, each on half the cores (``parallel.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import shutil
 import time
@@ -48,6 +50,7 @@ from rlhfkit.models import atomic_dir, disable_dropout, freeze, load_tokenizer, 
 from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
+from rlhfkit.parallel import run_parallel
 from rlhfkit.rewards import (
     AdaptiveKLController,
     FixedKLController,
@@ -90,6 +93,36 @@ class PPOState:
     ptx_index: int = 0  # ptx micro-batches of the current pass already used
     total_iterations: int = 0
     complete: bool = False
+
+
+@dataclasses.dataclass
+class Learner:
+    """One model the update trains, with its own AdamW and schedule: the policy, or the
+    separate critic. With one optimiser each, the policy's and the critic's steps share
+    nothing but the minibatches, so they can run side by side (``parallel.py``); AdamW is
+    elementwise, so this is the same update as one optimiser over both."""
+
+    name: str
+    module: nn.Module
+    loss: Callable[[Rollout], tuple[torch.Tensor, dict[str, float]]]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+    @classmethod
+    def build(cls, name: str, module: nn.Module, loss, config: PPOConfig, steps: int) -> Learner:
+        optimizer = build_optimizer(module, config)
+        return cls(name, module, loss, optimizer, build_scheduler(optimizer, config, steps))
+
+    def step(self, max_grad_norm: float | None) -> dict[str, float]:
+        """Clip this model's gradients (the value loss's larger gradients would otherwise
+        shrink the policy's step), step, and clear; the norm before clipping and the lr."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf"))
+        stats = {f"grad_norm/{self.name}": norm.item(), "lr": self.scheduler.get_last_lr()[0]}
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return stats
 
 
 def _accumulate(totals: dict[str, float], values: dict[str, float], weight: float = 1.0) -> None:
@@ -143,10 +176,16 @@ class PPOTrainer:
         self.scorer = as_scorer(scorer).to(device)
         self.models = RolloutModels(policy, reference, critic)
         self.trainable = nn.ModuleDict({"policy": policy, **({"critic": critic} if critic else {})})
-        self.optimizer = build_optimizer(self.trainable, config)
-        self.scheduler = build_scheduler(
-            self.optimizer, config, config.total_optimizer_steps(len(prompts))
-        )
+        steps = config.total_optimizer_steps(len(prompts))
+        losses = {"policy": self._policy_loss, "critic": self._critic_loss}
+        self.learners = [
+            Learner.build(name, module, losses[name], config, steps)
+            for name, module in self.trainable.items()
+        ]
+        # Policy and critic side by side on the CPU's cores (``parallel.py``); on a GPU
+        # their kernels queue on one device anyway.
+        parallel = config.parallel_critic
+        self.parallel = device.type == "cpu" if parallel is None else parallel
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
             if config.adaptive_kl
@@ -192,59 +231,83 @@ class PPOTrainer:
         return metrics, rollout
 
     def update(self, rollout: Rollout) -> dict[str, float]:
-        """``ppo_epochs`` passes over ``rollout`` in shuffled minibatches (one optimiser step
-        each, over ``gradient_accumulation_steps`` micro-batches). Returns mean statistics."""
+        """``ppo_epochs`` passes over ``rollout`` in shuffled minibatches: one optimiser step
+        per minibatch and learner, over ``gradient_accumulation_steps`` micro-batches.
+        Returns mean statistics."""
         self.trainable.train()
         cfg = self.config
-        sums: dict[str, float] = {}
-        count = 0
+        minibatches = []
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(rollout), generator=self.shuffle_generator)
             for minibatch in order.to(rollout.query.device).split(cfg.minibatch_size):
-                stats: dict[str, float] = {}
-                for micro in minibatch.split(cfg.batch_size):
-                    with self.autocast():
-                        loss, micro_stats = self._loss(rollout.select(micro))
-                    (loss / cfg.gradient_accumulation_steps).backward()
-                    _accumulate(stats, micro_stats, 1 / cfg.gradient_accumulation_steps)
-                _accumulate(sums, {**stats, **self._optimizer_step()})
-                count += 1
-        return {key: value / count for key, value in sums.items()}
+                micros = minibatch.split(cfg.batch_size)
+                minibatches.append([rollout.select(micro) for micro in micros])
+        tasks = [functools.partial(self._learn, learner, minibatches) for learner in self.learners]
+        stats: dict[str, float] = {}
+        for learner_stats in run_parallel(tasks, enabled=self.parallel):
+            stats |= learner_stats  # disjoint keys but "lr", which all learners share
+        return stats
 
-    def _loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        """The PPO loss of one micro-batch (policy + vf_coef * value - entropy bonus + ptx)."""
+    def _learn(self, learner: Learner, minibatches: list[list[Rollout]]) -> dict[str, float]:
+        """``learner``'s optimiser steps, one per minibatch; its mean statistics."""
+        accumulation = self.config.gradient_accumulation_steps
+        sums: dict[str, float] = {}
+        for micros in minibatches:
+            for mb in micros:
+                with self.autocast():
+                    loss, stats = learner.loss(mb)
+                (loss / accumulation).backward()
+                _accumulate(sums, stats, 1 / accumulation)
+            _accumulate(sums, learner.step(self.config.max_grad_norm))
+        return {key: value / len(minibatches) for key, value in sums.items()}
+
+    def _policy_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped policy loss of one micro-batch, minus the entropy bonus, plus ptx (and
+        plus the value loss when the critic is a value head on the policy's trunk)."""
         cfg = self.config
         inputs = sequence_inputs(mb.query, mb.query_mask, mb.response, mb.response_mask)
-        response_len = mb.response.shape[1]
-        logits, mb_values = response_logits(self.policy, inputs, response_len, cfg.temperature)
-        if self.critic is not None:
-            mb_values = critic_values(self.critic, inputs, response_len)  # (b, Tr)
+        logits, values = response_logits(self.policy, inputs, mb.response.shape[1], cfg.temperature)
         mb_logprobs = token_logprobs(logits, mb.response)  # (b, Tr)
         mask = mb.response_mask
-        pg_loss, pg_stats = ppo_policy_loss(
+        loss, pg_stats = ppo_policy_loss(
             mb_logprobs, mb.logprobs, mb.advantages, mask, cfg.clip_range
         )
-        vf_loss, vf_stats = ppo_value_loss(
-            mb_values.float(), mb.values, mb.returns, mask, cfg.clip_range_value
-        )
-        loss = pg_loss + cfg.vf_coef * vf_loss
-        stats = {"loss/policy": pg_loss.item(), "loss/value": vf_loss.item()}
+        stats = {
+            "loss/policy": loss.item(),
+            "policy/approx_kl": pg_stats["approx_kl"].item(),
+            "policy/clipfrac": pg_stats["clipfrac"].item(),
+            "policy/ratio": pg_stats["ratio"].item(),
+        }
+        if values is not None:
+            value_loss, value_stats = self._value_loss(values, mb)
+            loss = loss + value_loss
+            stats |= value_stats
         if cfg.entropy_coef > 0:
             # Without a bonus the rollout's entropy is all that is logged: no (b, Tr, V) pass.
             entropy = masked_mean(entropy_from_logits(logits), mask)
             loss = loss - cfg.entropy_coef * entropy
             stats["loss/entropy"] = entropy.item()
-        stats |= {
-            "policy/approx_kl": pg_stats["approx_kl"].item(),
-            "policy/clipfrac": pg_stats["clipfrac"].item(),
-            "policy/ratio": pg_stats["ratio"].item(),
-            "value/clipfrac": vf_stats["vf_clipfrac"].item(),
-        }
         if cfg.ptx_coef > 0:
             ptx_loss = self._ptx_loss()
             loss = loss + cfg.ptx_coef * ptx_loss
             stats["loss/ptx"] = ptx_loss.item()
         return loss, stats
+
+    def _critic_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """The separate critic's share of the loss on one micro-batch."""
+        inputs = sequence_inputs(mb.query, mb.query_mask, mb.response, mb.response_mask)
+        return self._value_loss(critic_values(self.critic, inputs, mb.response.shape[1]), mb)
+
+    def _value_loss(
+        self, values: torch.Tensor, mb: Rollout
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """``vf_coef`` times the clipped value loss of ``values`` (b, Tr)."""
+        cfg = self.config
+        loss, clip_stats = ppo_value_loss(
+            values.float(), mb.values, mb.returns, mb.response_mask, cfg.clip_range_value
+        )
+        stats = {"loss/value": loss.item(), "value/clipfrac": clip_stats["vf_clipfrac"].item()}
+        return cfg.vf_coef * loss, stats
 
     def _ptx_loss(self) -> torch.Tensor:
         """InstructGPT's PPO-ptx term: the LM loss (response tokens) on one demonstration batch."""
@@ -259,19 +322,6 @@ class PPOTrainer:
         ).logits  # (b, T, V)
         logprobs = shifted_logprobs(logits, batch["input_ids"])  # (b, T - 1)
         return -masked_mean(logprobs, batch["labels"][:, 1:] != IGNORE_INDEX)
-
-    def _optimizer_step(self) -> dict[str, float]:
-        max_norm = self.config.max_grad_norm or float("inf")  # inf: measure without clipping
-        stats = {}
-        for name, module in self.trainable.items():
-            params = [p for p in module.parameters() if p.requires_grad]
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            stats[f"grad_norm/{name}"] = norm.item()
-        stats["lr"] = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return stats
 
     def _next(self, stream: str, examples: list, collate, size: int) -> dict[str, torch.Tensor]:
         """The next ``size`` examples of ``stream`` ("prompt" or "ptx"), collated. Each pass
@@ -378,7 +428,9 @@ class PPOTrainer:
     def _state_json(self) -> dict:
         return {
             **dataclasses.asdict(self.state),
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": {
+                learner.name: learner.scheduler.state_dict() for learner in self.learners
+            },
             "kl_controller": self.kl_controller.state_dict(),
             "score_moments": self.moments.state_dict(),
             "config": self.config.to_dict(),
@@ -395,7 +447,8 @@ class PPOTrainer:
         }
         with atomic_dir(path) as tmp:
             ckpt.save_state(weights, tmp / WEIGHTS_FILE)
-            ckpt.save_state(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            optimizers = {learner.name: learner.optimizer.state_dict() for learner in self.learners}
+            ckpt.save_state(optimizers, tmp / OPTIMIZER_FILE)
             ckpt.save_state(rng, tmp / RNG_FILE)
             ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
         ckpt.rotate_checkpoints(self.output_dir, self.config.keep_last)
@@ -409,9 +462,11 @@ class PPOTrainer:
             for name, param in self.trainable.named_parameters():
                 if param.requires_grad:
                     param.copy_(weights[name])
-        self.optimizer.load_state_dict(ckpt.load_state(path / OPTIMIZER_FILE))
+        optimizers = ckpt.load_state(path / OPTIMIZER_FILE)
         saved = ckpt.read_json(path / ckpt.STATE_FILE)
-        self.scheduler.load_state_dict(saved["scheduler"])
+        for learner in self.learners:
+            learner.optimizer.load_state_dict(optimizers[learner.name])
+            learner.scheduler.load_state_dict(saved["scheduler"][learner.name])
         self.kl_controller.load_state_dict(saved["kl_controller"])
         self.moments.load_state_dict(saved["score_moments"])
         fields = {f.name for f in dataclasses.fields(PPOState)}

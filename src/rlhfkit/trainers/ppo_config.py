@@ -103,6 +103,9 @@ class PPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
     """Turn dropout off in every model, so the importance ratio starts at exactly 1 (as TRL)."""
     forward_batch_size: int | None = None
     """Rows per no-grad forward pass in the rollout; None = the whole rollout batch."""
+    parallel_critic: bool | None = None
+    """Update policy and separate critic side by side, each on half the CPU threads (the
+    same steps, up to float rounding; faster for small models). None: on CPU, not on GPU."""
     sample_every: int = 10
     """Log sample texts (prompt, response, score) every this many iterations."""
     num_samples: int = 4
