@@ -106,6 +106,28 @@ def test_function_and_model_scorers_with_the_same_scores_give_the_same_step(
     )
 
 
+def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_path):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the parallel path needs a thread per model
+    try:
+        trainers = {
+            parallel: _trainer(tiny_tokenizer, tmp_path / str(parallel), parallel_critic=parallel)
+            for parallel in (False, True)
+        }
+        metrics = {parallel: trainer.step()[0] for parallel, trainer in trainers.items()}
+    finally:
+        torch.set_num_threads(threads)
+    # One intra-op thread per model instead of two changes float rounding, nothing else (Adam
+    # scales a near-zero gradient's rounding up to a step of lr = 1e-3 at most; seen: 3e-6).
+    a, b = _weights(trainers[False].trainable), _weights(trainers[True].trainable)
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=2e-5) for k in a)
+    assert not torch.equal(
+        a["policy.lm_head.weight"], _weights(tiny_lm(tiny_tokenizer))["lm_head.weight"]
+    )
+    for key in ("loss/policy", "loss/value", "grad_norm/policy", "grad_norm/critic", "lr"):
+        assert metrics[True][key] == pytest.approx(metrics[False][key], rel=1e-4, abs=1e-6)
+
+
 def test_resume_continues_exactly(tiny_tokenizer, tmp_path):
     straight = _trainer(tiny_tokenizer, tmp_path / "straight", iterations=2)
     straight.train()
