@@ -44,7 +44,10 @@ class BigramLM(torch.nn.Module):
         logits_to_keep=0,
     ):
         logits = self.table[input_ids]  # (B, T, V)
-        if logits_to_keep:
+        # As transformers' slice_logits_to_keep: the last n positions, or these positions.
+        if torch.is_tensor(logits_to_keep):
+            logits = logits[:, logits_to_keep]
+        elif logits_to_keep:
             logits = logits[:, -logits_to_keep:]
         return SimpleNamespace(logits=logits, past_key_values=past_key_values)
 

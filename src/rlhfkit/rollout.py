@@ -125,7 +125,9 @@ class ValueHeadLM(nn.Module):
     def config(self):
         return self.lm.config
 
-    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep: int = 0):
+    def forward(
+        self, input_ids, attention_mask, position_ids, logits_to_keep: int | torch.Tensor = 0
+    ):
         out = self.lm(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -166,18 +168,19 @@ def response_logits(
     """Logits over the response tokens (B, Tr, V), divided by ``temperature``, and the values
     (B, Tr) when ``model`` is a ``ValueHeadLM`` (else None).
 
-    Only the last ``Tr + 1`` positions go through the LM head (``logits_to_keep``): the query
-    positions predict nothing PPO uses. The logits at the last position predict past the
-    response and are dropped, so logits[:, t] predicts response token t.
+    Only the ``Tr`` positions that predict response tokens (the last query token and all
+    response tokens but the last) go through the LM head (``logits_to_keep`` as positions), so
+    logits[:, t] predicts response token t. Selecting them before the head, rather than
+    slicing the logits after it, keeps a (B, Tr + 1, V) gradient buffer out of the backward.
     """
-    keep = response_len + 1
+    length = inputs["input_ids"].shape[1]
+    keep = torch.arange(length - response_len - 1, length - 1, device=inputs["input_ids"].device)
     if isinstance(model, ValueHeadLM):
         logits, values = model(**inputs, logits_to_keep=keep)
-        values = values[:, -keep:-1]  # (B, Tr)
+        values = values[:, -response_len - 1 : -1]  # (B, Tr), the same positions
     else:
         logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
         values = None
-    logits = logits[:, :-1]  # (B, Tr, V)
     if temperature != 1.0:
         logits = logits / temperature
     return logits, values

@@ -118,14 +118,26 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
         logits, labels, lse = ctx.saved_tensors
+        blocks = list(_blocks(*labels.shape, ctx.chunk_size))
+        if len(blocks) == 1 and labels.shape[1] == logits.shape[1]:
+            # One block covers all: its gradient is the whole one, no buffer to fill first.
+            return _block_grad(logits, labels, lse, grad_out).to(logits.dtype), None, None
         grad = torch.zeros_like(logits, memory_format=torch.contiguous_format)  # (B, T, V)
-        for rows, span in _blocks(*labels.shape, ctx.chunk_size):
-            block = logits[rows, span].to(lse.dtype)
-            g = grad_out[rows, span].unsqueeze(-1).to(lse.dtype)  # (b, t, 1)
-            block_grad = torch.exp(block - lse[rows, span].unsqueeze(-1)).mul_(-g)
-            block_grad.scatter_add_(-1, labels[rows, span].unsqueeze(-1), g)
-            grad[rows, span] = block_grad.to(grad.dtype)
+        for rows, span in blocks:
+            block = logits[rows, span]
+            grad[rows, span] = _block_grad(
+                block, labels[rows, span], lse[rows, span], grad_out[rows, span]
+            )
         return grad, None, None
+
+
+def _block_grad(
+    block: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor
+) -> torch.Tensor:
+    """d log p(label) / d logits = onehot(label) - softmax, times ``grad_out``: (b, t, V)."""
+    g = grad_out.unsqueeze(-1).to(lse.dtype)  # (b, t, 1)
+    grad = torch.exp(block.to(lse.dtype) - lse.unsqueeze(-1)).mul_(-g)
+    return grad.scatter_add_(-1, labels.unsqueeze(-1), g)
 
 
 def token_logprobs(
