@@ -21,16 +21,12 @@ only on response positions (``logits_to_keep``); optional bf16 autocast keeps fp
 optimiser and loss math; AdamW is the fused kernel; GPT-2's Python GELU is replaced by torch's
 fused one (``models.prepare_model``); the rollout's entropy is logged instead of a per-
 minibatch (b, Tr, V) entropy pass when there is no entropy bonus; on a CPU, policy and
-separate critic learn side by side, each on half the cores (``parallel.py``).
+separate critic learn side by side, each on half the cores (``ppo_update.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
-import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +47,6 @@ from rlhfkit.models import atomic_dir, disable_dropout, freeze, load_tokenizer, 
 from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
-from rlhfkit.parallel import run_parallel
 from rlhfkit.rewards import (
     AdaptiveKLController,
     FixedKLController,
@@ -74,68 +69,20 @@ from rlhfkit.rollout import (
 )
 from rlhfkit.tracking import Tracker
 from rlhfkit.trainers import checkpoint as ckpt
-from rlhfkit.trainers.loop import OPTIMIZER_FILE, build_optimizer, build_scheduler, epoch_order
+from rlhfkit.trainers.loop import epoch_order
+from rlhfkit.trainers.ppo_checkpoint import PPOCheckpoints, PPOState
 from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.ppo_update import (
+    Learner,
+    accumulate,
+    shuffled_minibatches,
+    update_learners,
+)
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_FILE = "trainable.safetensors"
-# The share of the policy's minibatches that run beside the critic's (one core each) before
-# the rest run on all cores. Its step costs ~1.25x the critic's (the LM head and log-softmax);
-# on benchmarks/bench_ppo.py's update, 13 of 16 beside the critic took 1.18 s, 16 of 16 1.29 s.
-POLICY_SHARE_BESIDE_CRITIC = 0.8
-RNG_FILE = "rng_state_0.safetensors"
 
-
-@dataclasses.dataclass
-class PPOState:
-    """Where a PPO run is, besides weights, optimiser and random streams."""
-
-    iteration: int = 0
-    prompt_epoch: int = 0  # pass over the prompts
-    prompt_index: int = 0  # rollout batches of the current pass already used
-    ptx_epoch: int = 0  # pass over the ptx examples
-    ptx_index: int = 0  # ptx micro-batches of the current pass already used
-    total_iterations: int = 0
-    complete: bool = False
-
-
-@dataclasses.dataclass
-class Learner:
-    """One model the update trains, with its own AdamW and schedule: the policy, or the
-    separate critic. With one optimiser each, the policy's and the critic's steps share
-    nothing but the minibatches, so they can run side by side (``parallel.py``); AdamW is
-    elementwise, so this is the same update as one optimiser over both."""
-
-    name: str
-    module: nn.Module
-    loss: Callable[[Rollout], tuple[torch.Tensor, dict[str, float]]]
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-
-    @classmethod
-    def build(cls, name: str, module: nn.Module, loss, config: PPOConfig, steps: int) -> Learner:
-        optimizer = build_optimizer(module, config)
-        return cls(name, module, loss, optimizer, build_scheduler(optimizer, config, steps))
-
-    def step(self, max_grad_norm: float | None) -> dict[str, float]:
-        """Clip this model's gradients (the value loss's larger gradients would otherwise
-        shrink the policy's step), step, and clear; the norm before clipping and the lr."""
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm or float("inf"))
-        stats = {f"grad_norm/{self.name}": norm.item(), "lr": self.scheduler.get_last_lr()[0]}
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return stats
-
-
-def _accumulate(totals: dict[str, float], values: dict[str, float], weight: float = 1.0) -> None:
-    for key, value in values.items():
-        totals[key] = totals.get(key, 0.0) + weight * value
-
-
-class PPOTrainer:
+class PPOTrainer(PPOCheckpoints):
     """PPO on ``prompts`` (token id lists) against ``scorer`` (a ``Scorer``, a reward model, or
     a Python function ``f(prompts, responses) -> list[float]``).
 
@@ -184,7 +131,7 @@ class PPOTrainer:
         steps = config.total_optimizer_steps(len(prompts))
         losses = {"policy": self._policy_loss, "critic": self._critic_loss}
         self.learners = [
-            Learner.build(name, module, losses[name], config, steps)
+            Learner.build(name, module, losses[name], config, steps, self.autocast)
             for name, module in self.trainable.items()
         ]
         # Policy and critic side by side on the CPU's cores (``parallel.py``); on a GPU
@@ -241,39 +188,10 @@ class PPOTrainer:
         Returns mean statistics."""
         self.trainable.train()
         cfg = self.config
-        minibatches = []
-        for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(rollout), generator=self.shuffle_generator)
-            for minibatch in order.to(rollout.query.device).split(cfg.minibatch_size):
-                micros = minibatch.split(cfg.batch_size)
-                minibatches.append([rollout.select(micro) for micro in micros])
-        policy, *others = self.learners
-        beside = len(minibatches)
-        if self.parallel and others:
-            # Side by side the policy, whose LM head makes its step the longer, would finish
-            # last: its last minibatches run on all threads once the critic is done.
-            beside = math.ceil(len(minibatches) * POLICY_SHARE_BESIDE_CRITIC)
-        tasks = [functools.partial(self._learn, policy, minibatches[:beside])]
-        tasks += [functools.partial(self._learn, learner, minibatches) for learner in others]
-        sums = run_parallel(tasks, enabled=self.parallel)
-        _accumulate(sums[0], self._learn(policy, minibatches[beside:]))
-        stats: dict[str, float] = {}
-        for learner_sums in sums:  # disjoint keys but "lr", which all learners share
-            stats |= {key: value / len(minibatches) for key, value in learner_sums.items()}
-        return stats
-
-    def _learn(self, learner: Learner, minibatches: list[list[Rollout]]) -> dict[str, float]:
-        """``learner``'s optimiser steps, one per minibatch; the sums of its statistics."""
-        accumulation = self.config.gradient_accumulation_steps
-        sums: dict[str, float] = {}
-        for micros in minibatches:
-            for mb in micros:
-                with self.autocast():
-                    loss, stats = learner.loss(mb)
-                (loss / accumulation).backward()
-                _accumulate(sums, stats, 1 / accumulation)
-            _accumulate(sums, learner.step(self.config.max_grad_norm))
-        return sums
+        minibatches = shuffled_minibatches(
+            rollout, cfg.ppo_epochs, cfg.minibatch_size, cfg.batch_size, self.shuffle_generator
+        )
+        return update_learners(self.learners, minibatches, self.parallel)
 
     def _policy_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped policy loss of one micro-batch, minus the entropy bonus, plus ptx (and
@@ -371,7 +289,7 @@ class PPOTrainer:
                 metrics, rollout = self.step()
                 self.state.iteration += 1
                 tracker.advance()
-                _accumulate(sums, metrics)
+                accumulate(sums, metrics)
                 it = self.state.iteration
                 if it % self.config.log_every == 0 or it == target:
                     count = it % self.config.log_every or min(self.config.log_every, it)
@@ -398,24 +316,6 @@ class PPOTrainer:
             for i in rows
         ]
 
-    def _prepare_run(self) -> bool:
-        """Resume or clear ``output_dir``; True if the run is already complete."""
-        if self.config.resume:
-            if ckpt.is_complete(self.output_dir):
-                logger.info("%s holds a finished run; skipping", self.output_dir)
-                self.state.complete = True
-                return True
-            latest = ckpt.latest_checkpoint(self.output_dir)
-            if latest is not None:
-                self.load_checkpoint(latest)
-        else:
-            for old in [*ckpt.checkpoint_dirs(self.output_dir), self.output_dir / "final"]:
-                logger.warning("resume=False: deleting %s", old)
-                shutil.rmtree(old, ignore_errors=True)
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        ckpt.write_json(self.config.to_dict(), self.output_dir / "train_config.json")
-        return False
-
     def _finish(self, tracker: Tracker) -> None:
         self.save_checkpoint()
         self.state.complete = True
@@ -437,60 +337,6 @@ class PPOTrainer:
             self.critic.save_pretrained(path / "critic")
         else:
             ckpt.save_state(self.policy.value_head.state_dict(), path / "value_head.safetensors")
-
-    # ----------------------------------------------------------------- checkpoints
-    def _state_json(self) -> dict:
-        return {
-            **dataclasses.asdict(self.state),
-            "scheduler": {
-                learner.name: learner.scheduler.state_dict() for learner in self.learners
-            },
-            "kl_controller": self.kl_controller.state_dict(),
-            "score_moments": self.moments.state_dict(),
-            "config": self.config.to_dict(),
-        }
-
-    def save_checkpoint(self) -> Path:
-        """``checkpoint-<iteration>``: trainable weights, optimiser, random streams, state."""
-        path = self.output_dir / f"{ckpt.CHECKPOINT_PREFIX}{self.state.iteration}"
-        weights = {k: p for k, p in self.trainable.named_parameters() if p.requires_grad}
-        rng = {
-            **ckpt.rng_state(),
-            "sample": self.sample_generator.get_state(),
-            "shuffle": self.shuffle_generator.get_state(),
-        }
-        with atomic_dir(path) as tmp:
-            ckpt.save_state(weights, tmp / WEIGHTS_FILE)
-            optimizers = {learner.name: learner.optimizer.state_dict() for learner in self.learners}
-            ckpt.save_state(optimizers, tmp / OPTIMIZER_FILE)
-            ckpt.save_state(rng, tmp / RNG_FILE)
-            ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
-        ckpt.rotate_checkpoints(self.output_dir, self.config.keep_last)
-        logger.info("saved checkpoint %s", path)
-        return path
-
-    def load_checkpoint(self, path: Path) -> None:
-        """Restore everything ``save_checkpoint`` wrote, for an exact continuation."""
-        weights = ckpt.load_state(path / WEIGHTS_FILE)
-        with torch.no_grad():
-            for name, param in self.trainable.named_parameters():
-                if param.requires_grad:
-                    param.copy_(weights[name])
-        optimizers = ckpt.load_state(path / OPTIMIZER_FILE)
-        saved = ckpt.read_json(path / ckpt.STATE_FILE)
-        for learner in self.learners:
-            learner.optimizer.load_state_dict(optimizers[learner.name])
-            learner.scheduler.load_state_dict(saved["scheduler"][learner.name])
-        self.kl_controller.load_state_dict(saved["kl_controller"])
-        self.moments.load_state_dict(saved["score_moments"])
-        fields = {f.name for f in dataclasses.fields(PPOState)}
-        self.state = PPOState(**{k: v for k, v in saved.items() if k in fields})
-        self.state.total_iterations = self.config.total_iterations(len(self.prompts))
-        rng = ckpt.load_state(path / RNG_FILE)
-        self.sample_generator.set_state(rng.pop("sample"))
-        self.shuffle_generator.set_state(rng.pop("shuffle"))
-        ckpt.set_rng_state(rng)
-        logger.info("resumed from %s at iteration %d", path, self.state.iteration)
 
     # ----------------------------------------------------------------- from a config
     @classmethod
