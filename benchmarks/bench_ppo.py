@@ -20,7 +20,8 @@ the command line. ``--profile`` prints torch.profiler's top operators for one it
 
 Default setting (the fastest correct one measured): bf16 autocast with fp32 master weights and
 fp32 loss math, eager attention (torch's CPU flash-attention backward is slow in bf16), fused
-AdamW and torch's fused GELU (both done by ``PPOTrainer``). On a busy machine use
+AdamW and torch's fused GELU (both done by ``PPOTrainer``), policy and critic updated side by
+side on one core each (``--one-after-the-other`` turns that off). On a busy machine use
 ``--threads 1``: two OpenMP threads that get descheduled wait on each other (10x slower).
 
     .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets   # bf16, eager
@@ -163,6 +164,11 @@ def main() -> None:
         default=None,
         help="attention kernel (default: PPOConfig's choice, eager with bf16 on CPU)",
     )
+    ap.add_argument(
+        "--one-after-the-other",
+        action="store_true",
+        help="policy and critic take turns in the update (default: side by side on a CPU)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -188,6 +194,7 @@ def main() -> None:
         seed=42,
         tensorboard=False,
         attn_implementation=args.attn,
+        parallel_critic=False if args.one_after_the_other else None,
     )
     trainer = PPOTrainer(
         config,
@@ -229,6 +236,7 @@ def main() -> None:
         "dtype": "fp32" if args.fp32 else "bf16 autocast (fp32 weights, fp32 loss math)",
         "attention": config.attention or "the model's own (sdpa)",
         "threads": args.threads,
+        "policy_and_critic": "one after the other" if args.one_after_the_other else "side by side",
         "iterations": len(rows),
         "sec_per_iter_median": median("time/iteration"),
         "sec_per_iter_min": min(r["time/iteration"] for r in after_first),

@@ -10,6 +10,8 @@ from rlhfkit.data import SFTExample
 from rlhfkit.models import ValueModel, add_lora
 from rlhfkit.rewards import RewardModelScorer
 from rlhfkit.rollout import ValueHeadLM
+from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.trainers.loop import OPTIMIZER_FILE
 from rlhfkit.trainers.ppo import PPOTrainer
 from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -143,6 +145,19 @@ def test_resume_continues_exactly(tiny_tokenizer, tmp_path):
     assert (tmp_path / "resumed" / "run" / "final" / "critic").is_dir()
     lines = (tmp_path / "resumed" / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2  # one row per iteration, none duplicated by the resume
+
+
+def test_a_checkpoint_with_one_optimiser_for_both_models_is_refused_by_name(
+    tiny_tokenizer, tmp_path
+):
+    first = _trainer(tiny_tokenizer, tmp_path, iterations=2)
+    first.train(stop_after=1)
+    optimizer_file = tmp_path / "run" / "checkpoint-1" / OPTIMIZER_FILE
+    # The layout before policy and critic had one AdamW each: a single optimiser's state.
+    ckpt.save_state(first.learners[0].optimizer.state_dict(), optimizer_file)
+    second = _trainer(tiny_tokenizer, tmp_path, iterations=2, resume=True)
+    with pytest.raises(ValueError, match="no optimiser state for policy, critic.*resume: false"):
+        second.train()
 
 
 def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_path):

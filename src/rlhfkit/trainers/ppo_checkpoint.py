@@ -99,6 +99,13 @@ class PPOCheckpoints:
                 if param.requires_grad:
                     param.copy_(weights[name])
         optimizers = ckpt.load_state(path / OPTIMIZER_FILE)
+        missing = [learner.name for learner in self.learners if learner.name not in optimizers]
+        if missing:
+            raise ValueError(
+                f"{path / OPTIMIZER_FILE} holds no optimiser state for {', '.join(missing)}: "
+                "it was written before policy and critic had one AdamW each. Resume from a "
+                "newer checkpoint, or start again with resume: false"
+            )
         saved = ckpt.read_json(path / ckpt.STATE_FILE)
         for learner in self.learners:
             learner.optimizer.load_state_dict(optimizers[learner.name])
