@@ -168,10 +168,9 @@ def response_logits(
     """Logits over the response tokens (B, Tr, V), divided by ``temperature``, and the values
     (B, Tr) when ``model`` is a ``ValueHeadLM`` (else None).
 
-    Only the ``Tr`` positions that predict response tokens (the last query token and all
-    response tokens but the last) go through the LM head (``logits_to_keep`` as positions), so
-    logits[:, t] predicts response token t. Selecting them before the head, rather than
-    slicing the logits after it, keeps a (B, Tr + 1, V) gradient buffer out of the backward.
+    Only the ``Tr`` positions that predict response tokens (from the last query token on, the
+    last response token excluded) go through the LM head: ``logits_to_keep`` as positions, not
+    a slice of the logits, whose backward would fill a (B, Tr + 1, V) buffer.
     """
     length = inputs["input_ids"].shape[1]
     keep = torch.arange(length - response_len - 1, length - 1, device=inputs["input_ids"].device)
