@@ -15,7 +15,7 @@ Measured:
   responses, and the KL to the reference as each trainer logs it (k1 summed over the
   response, mean over the batch);
 - before and after training, on held-out prompts (the ``test`` split, one fixed-seed sample
-  per prompt at temperature 1, ``rlhfkit.evaluate.evaluate_policy``): mean digits score,
+  per prompt at temperature 1, ``rlhfkit.measures.evaluate_policy``): mean digits score,
   distinct-2 of the responses (the "411 411 355 355" check), mean length in tokens, and the
   sampled KL to the base model.
 
@@ -55,8 +55,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from rlhfkit.config import GRPOConfig  # noqa: E402
-from rlhfkit.evaluate import evaluate_policy, gold_scorer, summarize  # noqa: E402
 from rlhfkit.generation import SamplingConfig  # noqa: E402
+from rlhfkit.measures import evaluate_policy, gold_scorer, summarize  # noqa: E402
 from rlhfkit.models import freeze, load_causal_lm, load_tokenizer  # noqa: E402
 from rlhfkit.tasks import BASE_MODEL_DIR, demo_data  # noqa: E402
 from rlhfkit.tracking import read_jsonl  # noqa: E402

@@ -8,16 +8,15 @@ import pytest
 import torch
 
 from rlhfkit.data import Comparison
-from rlhfkit.evaluate import (
-    EvalConfig,
+from rlhfkit.evaluate import EvalConfig, evaluate
+from rlhfkit.generation import SamplingConfig
+from rlhfkit.measures import (
     PolicySamples,
-    evaluate,
     reward_model_accuracy,
     sample_kl,
     summarize,
     win_rate,
 )
-from rlhfkit.generation import SamplingConfig
 from rlhfkit.models import RewardModel
 from rlhfkit.sampling import best_of_n_expected, best_of_n_kl, sample_responses
 

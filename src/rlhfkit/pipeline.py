@@ -43,7 +43,8 @@ from rlhfkit.config import (
     config_parser,
     load_config,
 )
-from rlhfkit.evaluate import EvalConfig, evaluate, evaluate_policy, gold_scorer
+from rlhfkit.evaluate import EvalConfig, evaluate
+from rlhfkit.measures import evaluate_policy, gold_scorer
 from rlhfkit.report import TABLE_COLUMNS, format_table, load_eval, write_report
 from rlhfkit.tasks import BASE_MODEL_DIR, DEMO_DATA_DIR, REWARD_FUNCTIONS
 from rlhfkit.tracking import Tracker, read_jsonl

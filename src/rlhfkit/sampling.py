@@ -9,7 +9,7 @@ KL that PPO or DPO spend for the same score. The picks can be written as a demon
 file, the data of rejection-sampling fine-tuning (SFT on the best samples; Llama 2, sec. 3.2.3).
 
 ``sample_responses`` (seeded sampling of k responses per prompt), the KL formula and WebGPT's
-unbiased best-of-n estimator (``best_of_n_expected``) live here and serve ``rlhfkit.evaluate``
+unbiased best-of-n estimator (``best_of_n_expected``) live here and serve ``rlhfkit.measures``
 too; the ``bon`` command writes the picks as a demonstrations file. Departure: prompts whose best response is empty (EOS first) are left
 out of the file, since a demonstration needs a non-empty response.
 """

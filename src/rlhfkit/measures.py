@@ -1,0 +1,320 @@
+"""Measures of policies on held-out prompts: gold score, reward, KL to the reference, win
+rate, length and diversity; best-of-n at several n; reward-model accuracy. The ``rlhfkit
+eval`` command that runs them over saved models is ``evaluate.py``.
+
+What is measured follows the papers whose pictures it reproduces:
+
+- Gold and proxy (reward-model) score against KL(pi || ref), the over-optimisation picture of
+  Gao et al. 2022, "Scaling Laws for Reward Model Overoptimization". The KL of a sampled policy
+  is the Monte-Carlo estimate on its own samples, sum over response tokens of
+  log pi(y_t | ...) - log ref(y_t | ...), averaged over samples (Stiennon et al. 2020 report
+  the same quantity). The reference is the SFT model.
+- Best-of-n (Nakano et al. 2021; Stiennon et al. 2020): the KL of the best-of-n policy to the
+  sampling policy is the analytic log n - (n - 1) / n (Gao et al. 2022, eq. 1), an upper bound
+  that is tight for continuous score distributions. Gold and proxy at each n use the unbiased
+  estimator of Nakano et al. (WebGPT, appendix): from a pool of N >= n samples per prompt, the
+  expected score of the proxy's pick over all n-subsets of the pool, instead of one draw.
+- Win rate against the SFT model, paired by prompt (InstructGPT's preference against a
+  baseline): a win counts 1, a tie 1/2.
+- Diversity: corpus distinct-1/2 (Li et al. 2016) via ``tasks.distinct_n``.
+
+Every model samples with the same seed and the same prompts, so two runs of the same model
+give the same numbers. Sampling is at the training temperature (1 by default) without top-k /
+top-p, so the samples come from the distribution whose KL is measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlhfkit.data import PairCollator, encode_comparisons, ranked_scores
+from rlhfkit.generation import SamplingConfig
+from rlhfkit.models import reference_mode
+from rlhfkit.ops.logprobs import token_logprobs
+from rlhfkit.ops.masks import masked_sum
+from rlhfkit.rewards import FunctionScorer, ScoreInput, Scorer
+from rlhfkit.rollout import response_logits, sequence_inputs
+from rlhfkit.sampling import best_of_n_expected, best_of_n_kl, model_device, sample_responses
+from rlhfkit.tasks import REWARD_FUNCTIONS, distinct_n
+
+
+# --------------------------------------------------------------------------- pure metrics
+def win_rate(scores: torch.Tensor, baseline: torch.Tensor) -> float:
+    """Share of prompts where ``scores`` (P,) beats ``baseline`` (P,), ties counting 1/2."""
+    if scores.shape != baseline.shape:
+        raise ValueError(f"win_rate: shapes {tuple(scores.shape)} and {tuple(baseline.shape)}")
+    wins = (scores > baseline).float() + 0.5 * (scores == baseline).float()
+    return wins.mean().item()
+
+
+@torch.no_grad()
+def response_logprobs(model: nn.Module, batch: ScoreInput, temperature: float = 1.0):
+    """log pi(response | query) per row (B,): the sum of the response tokens' log-probs."""
+    inputs = sequence_inputs(batch.query, batch.query_mask, batch.response, batch.response_mask)
+    logits, _ = response_logits(model, inputs, batch.response.shape[1], temperature)
+    logprobs = token_logprobs(logits, batch.response)  # (B, Tr)
+    return masked_sum(logprobs.float(), batch.response_mask, dim=1)  # (B,)
+
+
+@torch.no_grad()
+def sample_kl(
+    policy: nn.Module,
+    reference: nn.Module | None,
+    batches: Sequence[ScoreInput],
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Per-sample KL estimate log pi(y|x) - log ref(y|x), (N,), on samples y ~ pi.
+
+    ``reference=None``: the policy with its LoRA adapter disabled (``models.reference_mode``).
+    """
+    policy.eval()
+    kls = []
+    for batch in batches:
+        logp = response_logprobs(policy, batch, temperature)  # (B,)
+        if reference is None:
+            with reference_mode(policy) as ref:
+                ref_logp = response_logprobs(ref, batch, temperature)
+        else:
+            reference.eval()
+            ref_logp = response_logprobs(reference, batch, temperature)
+        kls.append((logp - ref_logp).cpu())
+    return torch.cat(kls)
+
+
+def score_batches(scorer: Scorer, batches: Sequence[ScoreInput]) -> torch.Tensor:
+    """Scores (N,) of every sample, on the CPU."""
+    return torch.cat([scorer(batch).cpu() for batch in batches])
+
+
+# --------------------------------------------------------------------------- one policy
+@dataclass
+class PolicySamples:
+    """Samples of one policy with their scores; tensors (N,), one entry per sample."""
+
+    prompts: list[str]
+    responses: list[str]
+    length: torch.Tensor  # response tokens, EOS included
+    kl: torch.Tensor | None = None
+    reward: torch.Tensor | None = None
+    gold: torch.Tensor | None = None
+
+    def first(self, count: int) -> PolicySamples:
+        """The first ``count`` samples."""
+        tensors = (None if t is None else t[:count] for t in (self.kl, self.reward, self.gold))
+        return PolicySamples(
+            self.prompts[:count], self.responses[:count], self.length[:count], *tensors
+        )
+
+
+def _mean(x: torch.Tensor | None) -> float | None:
+    return None if x is None else x.float().mean().item()
+
+
+def _stderr(x: torch.Tensor | None) -> float | None:
+    if x is None or len(x) < 2:
+        return None
+    return (x.float().std() / math.sqrt(len(x))).item()
+
+
+def summarize(name: str, samples: PolicySamples, baseline: PolicySamples | None) -> dict:
+    """One row of the results table (None where a scorer or the baseline is missing)."""
+
+    def wins(key: str) -> float | None:
+        mine, theirs = getattr(samples, key), getattr(baseline, key, None)
+        return None if mine is None or theirs is None else win_rate(mine, theirs)
+
+    return {
+        "model": name,
+        "gold": _mean(samples.gold),
+        "gold_se": _stderr(samples.gold),
+        "reward": _mean(samples.reward),
+        "kl": _mean(samples.kl),
+        "win_rate_rm": wins("reward"),
+        "win_rate_gold": wins("gold"),
+        "length": _mean(samples.length),
+        "distinct_1": distinct_n(samples.responses, 1),
+        "distinct_2": distinct_n(samples.responses, 2),
+    }
+
+
+def evaluate_samples(
+    batches: Sequence[ScoreInput],
+    *,
+    policy: nn.Module | None = None,
+    reference: nn.Module | None = None,
+    reward: Scorer | None = None,
+    gold: Scorer | None = None,
+    temperature: float = 1.0,
+) -> PolicySamples:
+    """Score samples of ``policy``: KL to ``reference`` (when a policy is given), reward,
+    gold. ``reference=None`` with a LoRA policy uses the adapter-disabled policy."""
+    kl = None
+    if policy is not None:
+        kl = sample_kl(policy, reference, batches, temperature)
+    return PolicySamples(
+        prompts=[p for b in batches for p in b.prompts],
+        responses=[r for b in batches for r in b.responses],
+        length=torch.cat([b.response_mask.sum(1).cpu() for b in batches]).float(),
+        kl=kl,
+        reward=None if reward is None else score_batches(reward, batches),
+        gold=None if gold is None else score_batches(gold, batches),
+    )
+
+
+def evaluate_policy(
+    policy: nn.Module,
+    reference: nn.Module | None,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    *,
+    reward: Scorer | None,
+    gold: Scorer | None,
+    seed: int,
+    batch_size: int,
+) -> PolicySamples:
+    """Sample from ``policy`` on ``prompts`` and score the samples (see ``evaluate_samples``)."""
+    batches = sample_responses(
+        policy, tokenizer, prompts, sampling, seed=seed, batch_size=batch_size
+    )
+    return evaluate_samples(
+        batches,
+        policy=policy,
+        reference=reference,
+        reward=reward,
+        gold=gold,
+        temperature=sampling.temperature,
+    )
+
+
+# --------------------------------------------------------------------------- best-of-n
+def best_of_n_curve(
+    sampler: nn.Module,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingConfig,
+    ns: Sequence[int],
+    *,
+    reward: Scorer,
+    gold: Scorer | None,
+    seed: int,
+    batch_size: int,
+) -> tuple[list[dict], PolicySamples]:
+    """Best-of-n of ``sampler`` picked by ``reward``, from one pool of max(ns) samples per
+    prompt: the curve (one dict per n: n, analytic KL, expected reward and gold) and the
+    picks at the largest n (one per prompt, with the analytic KL) for the results table."""
+    pool = max(ns)
+    batches = sample_responses(
+        sampler, tokenizer, prompts, sampling, seed=seed, batch_size=batch_size, repeat=pool
+    )
+    scored = evaluate_samples(batches, reward=reward, gold=gold)
+    proxy = scored.reward.view(len(prompts), pool)  # (P, N)
+    golds = proxy if scored.gold is None else scored.gold.view(len(prompts), pool)  # (P, N)
+    curve = []
+    for n in sorted(set(ns)):
+        proxy_n, gold_n = best_of_n_expected(proxy, golds, n)  # (P,) each
+        curve.append(
+            {
+                "n": n,
+                "kl": best_of_n_kl(n),
+                "reward": proxy_n.mean().item(),
+                "gold": None if scored.gold is None else gold_n.mean().item(),
+            }
+        )
+    rows = torch.arange(len(prompts)) * pool + proxy.argmax(1)  # (P,) index of each pick
+    picks = PolicySamples(
+        [scored.prompts[i] for i in rows],
+        [scored.responses[i] for i in rows],
+        scored.length[rows],
+        kl=torch.full((len(prompts),), best_of_n_kl(pool)),
+        reward=scored.reward[rows],
+        gold=None if scored.gold is None else scored.gold[rows],
+    )
+    return curve, picks
+
+
+# --------------------------------------------------------------------------- reward model
+@torch.no_grad()
+def reward_model_accuracy(
+    model: nn.Module,
+    tokenizer,
+    records: Sequence,
+    gold_fn=None,
+    *,
+    max_length: int = 256,
+    batch_size: int = 32,
+) -> dict[str, float]:
+    """Pairwise accuracy of a reward model on held-out comparisons or rankings (all pairs).
+
+    ``accuracy``: share of the labels' (better, worse) pairs that the model orders the same
+    way. With ``gold_fn(prompts, responses)``: ``accuracy_gold`` against the gold judge's
+    order and ``label_gold_agreement`` of the labels themselves (pairs the judge ties skipped).
+    """
+    model.eval()
+    device = model_device(model)
+    examples, _ = encode_comparisons(records, tokenizer, max_length)
+    collate = PairCollator(tokenizer.pad_token_id)
+    counts = {"pairs": 0, "correct": 0, "gold_pairs": 0, "gold_correct": 0, "label_agree": 0}
+    for start in range(0, len(examples), batch_size):
+        batch = collate(examples[start : start + batch_size])
+        scores = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (R,)
+        table, _ = ranked_scores(scores.float().cpu(), batch["group"], batch["rank"])  # (n, K)
+        for record, row in zip(records[start : start + batch_size], table.tolist(), strict=True):
+            golds = None
+            if gold_fn is not None:
+                golds = gold_fn(
+                    [_prompt_text(record.prompt)] * len(record.best_first), record.best_first
+                )
+            _count_pairs(counts, row[: len(record.best_first)], golds)
+    result = {"pairs": counts["pairs"], "accuracy": counts["correct"] / max(counts["pairs"], 1)}
+    if gold_fn is not None:
+        gold_pairs = max(counts["gold_pairs"], 1)
+        result["accuracy_gold"] = counts["gold_correct"] / gold_pairs
+        result["label_gold_agreement"] = counts["label_agree"] / gold_pairs
+    return result
+
+
+def _count_pairs(counts: dict, scores: list[float], golds: list[float] | None) -> None:
+    """Add one record's pairs (i better than j by the labels, i < j) to ``counts``."""
+    for i, j in itertools.combinations(range(len(scores)), 2):
+        counts["pairs"] += 1
+        counts["correct"] += scores[i] > scores[j]
+        if golds is not None and golds[i] != golds[j]:
+            gold_says_i = golds[i] > golds[j]
+            counts["gold_pairs"] += 1
+            counts["gold_correct"] += (scores[i] > scores[j]) == gold_says_i
+            counts["label_agree"] += gold_says_i
+
+
+def _prompt_text(prompt: Any) -> str:
+    """A record's prompt as text (chat prompts: the last message)."""
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
+
+
+def gold_scorer(task: str | None) -> Scorer | None:
+    """The gold judge of a built-in task as a scorer (None for no task)."""
+    return None if task is None else FunctionScorer(REWARD_FUNCTIONS[task], name=f"gold:{task}")
+
+
+def side_by_side(named: dict[str, PolicySamples], count: int) -> list[dict]:
+    """The first ``count`` prompts with every model's response and scores, for the report."""
+    rows = []
+    for i in range(min(count, *(len(s.responses) for s in named.values()))):
+        first = next(iter(named.values()))
+        responses = {
+            name: {
+                "text": s.responses[i],
+                "gold": None if s.gold is None else s.gold[i].item(),
+                "reward": None if s.reward is None else s.reward[i].item(),
+            }
+            for name, s in named.items()
+        }
+        rows.append({"prompt": first.prompts[i], "responses": responses})
+    return rows
