@@ -72,10 +72,10 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     import torch
 
     torch.set_num_threads(threads)
-    from rlhfkit.config import DPOConfig
     from rlhfkit.models import load_causal_lm, load_reference, load_tokenizer
     from rlhfkit.tracking import read_jsonl
     from rlhfkit.trainers.dpo import DPOTrainer, load_pairs
+    from rlhfkit.trainers.dpo_config import DPOConfig
 
     busy0, own0, wall0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()
     precompute = mode.startswith("precompute")

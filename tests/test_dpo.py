@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import _OBJECTS, _SUBJECTS, _VERBS
-from rlhfkit.config import ConfigError, DPOConfig, load_config
+from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
 from rlhfkit.models import disable_dropout
 from rlhfkit.trainers.dpo import (
@@ -23,6 +23,7 @@ from rlhfkit.trainers.dpo import (
     preference_pairs,
     sequence_logps,
 )
+from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.loop import epoch_order
 
 

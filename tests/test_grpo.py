@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from conftest import TargetFraction, tiny_corpus, tiny_lm, tiny_prompts
-from rlhfkit.config import ConfigError, GRPOConfig, RLOOConfig, load_config
+from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import PromptCollator
 from rlhfkit.ops.advantages import group_advantages
 from rlhfkit.trainers.grpo import GRPOTrainer, group_baseline_advantages, run_grpo
+from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
 
 
 def _config(tmp_path, **overrides):

@@ -80,17 +80,17 @@ COMMANDS: dict[str, Command] = {
         "gold score, reward, KL, win rate and diversity of models on held-out prompts",
     ),
     "dpo": Command(
-        "rlhfkit.config:DPOConfig",
+        "rlhfkit.trainers.dpo_config:DPOConfig",
         "rlhfkit.trainers.dpo:run_dpo",
         "direct preference optimisation (DPO, IPO, cDPO) on comparisons",
     ),
     "grpo": Command(
-        "rlhfkit.config:GRPOConfig",
+        "rlhfkit.trainers.grpo_config:GRPOConfig",
         "rlhfkit.trainers.grpo:run_grpo",
         "critic-free RL with group-relative advantages (GRPO, Dr. GRPO)",
     ),
     "rloo": Command(
-        "rlhfkit.config:RLOOConfig",
+        "rlhfkit.trainers.grpo_config:RLOOConfig",
         "rlhfkit.trainers.grpo:run_grpo",
         "critic-free RL with the leave-one-out baseline (RLOO)",
     ),

@@ -35,7 +35,6 @@ from typing import Any
 import rlhfkit
 from rlhfkit.config import (
     ConfigError,
-    DPOConfig,
     RewardConfig,
     SFTConfig,
     _require,
@@ -49,6 +48,7 @@ from rlhfkit.report import TABLE_COLUMNS, format_table, load_eval, write_report
 from rlhfkit.tasks import BASE_MODEL_DIR, DEMO_DATA_DIR, REWARD_FUNCTIONS
 from rlhfkit.tracking import Tracker, read_jsonl
 from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.ppo_config import PPOConfig
 
 logger = logging.getLogger(__name__)

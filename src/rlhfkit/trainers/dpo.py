@@ -35,7 +35,6 @@ import torch
 from accelerate.utils import set_seed
 from torch import nn
 
-from rlhfkit.config import DPOConfig
 from rlhfkit.data import (
     IGNORE_INDEX,
     PairCollator,
@@ -52,6 +51,7 @@ from rlhfkit.ops.logprobs import shifted_logprobs
 from rlhfkit.ops.losses import dpo_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum, position_ids_from_mask
 from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.loop import Batch, epoch_order
 from rlhfkit.trainers.policy import PolicyTrainer
 

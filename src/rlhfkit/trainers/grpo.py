@@ -33,7 +33,6 @@ import torch
 from accelerate.utils import set_seed
 from torch import nn
 
-from rlhfkit.config import GRPOConfig
 from rlhfkit.data import PromptCollator, encode_prompts, load_records
 from rlhfkit.generation import generate
 from rlhfkit.models import (
@@ -54,6 +53,7 @@ from rlhfkit.rewards import (
 )
 from rlhfkit.rollout import response_logits, sequence_inputs
 from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.loop import Batch
 from rlhfkit.trainers.policy import PolicyTrainer
 

@@ -1,0 +1,103 @@
+"""`GRPOConfig` and `RLOOConfig`: the settings of critic-free RL with group baselines
+(trained by `trainers/grpo.py`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from rlhfkit.config import (
+    DEMO_DATA,
+    LoRAOptions,
+    SamplingOptions,
+    ScorerOptions,
+    TrainConfig,
+    _require,
+)
+
+
+@dataclass
+class GRPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
+    """Critic-free RL with group baselines: GRPO (Shao et al. 2024) or RLOO (Ahmadian et al.
+    2024). One optimiser step per sampled batch: `batch_size` prompts per micro-batch, each
+    answered `num_generations` times."""
+
+    model: str = "runs/sft/final"
+    """Policy to start from (the SFT model); also the frozen reference of the KL term."""
+    output_dir: str = "runs/grpo"
+    """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
+    learning_rate: float = 1e-5
+    """Peak learning rate of AdamW (reached after warmup)."""
+    lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
+    """Learning-rate decay after warmup: linear to 0, cosine to 0, or constant."""
+    log_every: int = 1
+    """Log training metrics every this many optimiser steps."""
+    train_data: str = f"{DEMO_DATA}/prompts"
+    """Prompts (any record kind with a prompt): .jsonl/.json/.parquet, dataset dir or hub name."""
+    train_split: str = "train"
+    """Split to read from `train_data` when it is a dataset with splits."""
+    eval_data: str | None = f"{DEMO_DATA}/prompts"
+    """Held-out prompts: one sampled response each (fixed seed) is scored at evaluation."""
+    eval_split: str = "test"
+    """Split to read from `eval_data` when it is a dataset with splits."""
+    max_train_samples: int | None = None
+    """Use only the first this many training prompts; None uses all."""
+    max_eval_samples: int | None = 64
+    """Use only the first this many evaluation prompts; None uses all."""
+    max_prompt_length: int = 128
+    """Prompts longer than this many tokens keep their last tokens."""
+    advantage: Literal["grpo", "rloo"] = "grpo"
+    """Group baseline: 'grpo' = (score - group mean) [/ group std]; 'rloo' = leave-one-out."""
+    scale_rewards: bool = True
+    """GRPO only: divide by the group std (False = Dr. GRPO, centring only)."""
+    num_generations: int = 4
+    """Responses sampled per prompt (the group size k, >= 2)."""
+    beta: float = 0.04
+    """Weight of the k3 KL(pi || ref) term in the loss; 0 drops it and the reference model."""
+    clip_range: float = 0.2
+    """Policy ratio clip range epsilon of the clipped objective."""
+    reference: str | None = None
+    """Reference model name or directory; None uses the starting model `model`."""
+    disable_dropout: bool = True
+    """Turn dropout off, so sampling and the update see the same policy (ratio exactly 1)."""
+    sample_every: int = 10
+    """Log sample texts (prompt, response, score, advantage) every this many steps."""
+    num_samples: int = 4
+    """Samples logged each time."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_lora()
+        self._check_sampling()
+        self._check_scorers()
+        _require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
+        for name in ("max_prompt_length", "sample_every", "num_samples"):
+            _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            _require(self, name, value is None or value >= 1, "None or an integer >= 1")
+        _require(self, "num_generations", self.num_generations >= 2, "an integer >= 2")
+        _require(self, "beta", 0 <= self.beta < math.inf, "a number >= 0")
+        _require(self, "clip_range", 0 < self.clip_range < math.inf, "a number > 0")
+        _require(
+            self,
+            "reference",
+            not (self.lora and self.reference),
+            "None with lora=True (the reference is the model with its adapter disabled)",
+        )
+
+    @property
+    def rollout_size(self) -> int:
+        """Responses sampled per micro-batch: batch_size prompts x num_generations."""
+        return self.batch_size * self.num_generations
+
+
+@dataclass
+class RLOOConfig(GRPOConfig):
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): `GRPOConfig` with the RLOO baseline."""
+
+    output_dir: str = "runs/rloo"
+    """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
+    advantage: Literal["grpo", "rloo"] = "rloo"
+    """Group baseline: 'grpo' = (score - group mean) [/ group std]; 'rloo' = leave-one-out."""
