@@ -8,20 +8,18 @@ from peft import PeftModel
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from rlhfkit.lora import add_lora, merge_lora, reference_mode
 from rlhfkit.models import (
     HEAD_CONFIG,
     HEAD_WEIGHTS,
     RewardModel,
     ScalarHeadModel,
     ValueModel,
-    add_lora,
     freeze,
     load_causal_lm,
     load_reference,
     load_tokenizer,
-    merge_lora,
     prepare_model,
-    reference_mode,
     save_pretrained_atomic,
 )
 

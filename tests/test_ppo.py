@@ -7,7 +7,8 @@ import torch
 from conftest import TARGETS, TargetFraction, tiny_lm, tiny_prompts
 from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
-from rlhfkit.models import ValueModel, add_lora
+from rlhfkit.lora import add_lora
+from rlhfkit.models import ValueModel
 from rlhfkit.rewards import RewardModelScorer
 from rlhfkit.rollout import ValueHeadLM
 from rlhfkit.trainers import checkpoint as ckpt

@@ -225,7 +225,7 @@ class LoRAOptions:
 
     @property
     def lora_settings(self) -> dict | None:
-        """``models.add_lora`` keyword arguments, or None without LoRA."""
+        """``lora.add_lora`` keyword arguments, or None without LoRA."""
         if not self.lora:
             return None
         return {

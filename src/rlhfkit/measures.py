@@ -36,7 +36,7 @@ from torch import nn
 
 from rlhfkit.data import PairCollator, encode_comparisons, ranked_scores
 from rlhfkit.generation import SamplingConfig
-from rlhfkit.models import reference_mode
+from rlhfkit.lora import reference_mode
 from rlhfkit.ops.logprobs import token_logprobs
 from rlhfkit.ops.masks import masked_sum
 from rlhfkit.rewards import FunctionScorer, ScoreInput, Scorer
@@ -72,7 +72,7 @@ def sample_kl(
 ) -> torch.Tensor:
     """Per-sample KL estimate log pi(y|x) - log ref(y|x), (N,), on samples y ~ pi.
 
-    ``reference=None``: the policy with its LoRA adapter disabled (``models.reference_mode``).
+    ``reference=None``: the policy with its LoRA adapter disabled (``lora.reference_mode``).
     """
     policy.eval()
     kls = []

@@ -17,8 +17,8 @@ Departures:
   ``AutoModelForSequenceClassification``; safetensors only, never pickle.
 - The head always runs in float32 (hidden states are cast to it), even on a bf16 backbone,
   so small score differences are not lost to rounding; TRL keeps the head in the model dtype.
-- The LoRA reference model is the same weights with the adapter disabled (``reference_mode``),
-  as in TRL's peft path, never a second copy.
+
+LoRA adapters, the adapter-off reference and merging are in ``lora.py``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftConfig, PeftModel, get_peft_model
-from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+from peft import PeftConfig, PeftModel
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.activations import GELUTanh, NewGELUActivation
-from transformers.pytorch_utils import Conv1D
 from transformers.utils import cached_file
 
 from rlhfkit.ops.masks import last_token_index, position_ids_from_mask
@@ -305,84 +303,6 @@ def _load_backbone(path_or_name, head_config, dtype, revision, trust_remote_code
     return AutoModel.from_pretrained(
         path_or_name, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
     )
-
-
-# --------------------------------------------------------------------------- LoRA
-def add_lora(
-    model: nn.Module,
-    *,
-    r: int = 8,
-    alpha: int = 16,
-    dropout: float = 0.0,
-    target_modules: list[str] | None = None,
-):
-    """Add LoRA adapters with peft; only adapter weights (and a scalar head) stay trainable.
-
-    ``target_modules=None`` uses peft's per-architecture defaults (GPT-2: ``c_attn``;
-    llama-like: ``q_proj``, ``v_proj``). A causal LM comes back as a ``PeftModel``; a
-    ``ScalarHeadModel`` keeps its class, with the adapter on its backbone and its head trainable.
-    """
-    target = model.backbone if isinstance(model, ScalarHeadModel) else model
-    model_type = getattr(target.config, "model_type", None)
-    if (
-        target_modules is None
-        and model_type not in TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
-    ):
-        raise ValueError(
-            f"add_lora: target_modules=None but peft has no default for model_type "
-            f"{model_type!r}; pass target_modules=[...] (names of its Linear layers)"
-        )
-    config = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=target_modules,
-        # GPT-2 stores its projections as Conv1D, whose weight is transposed vs nn.Linear.
-        fan_in_fan_out=any(isinstance(m, Conv1D) for m in target.modules()),
-        task_type="FEATURE_EXTRACTION" if target is not model else "CAUSAL_LM",
-    )
-    peft_model = get_peft_model(target, config)
-    if target is model:
-        return peft_model
-    model.backbone = peft_model
-    model.score.requires_grad_(True)
-    return model
-
-
-def _peft_part(model: nn.Module) -> PeftModel | None:
-    if isinstance(model, PeftModel):
-        return model
-    backbone = getattr(model, "backbone", None)
-    return backbone if isinstance(backbone, PeftModel) else None
-
-
-@contextmanager
-def reference_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Run a LoRA model as its own reference: the same base weights, adapter disabled.
-
-    The caller still wraps the forward in ``torch.no_grad()``.
-    """
-    peft_model = _peft_part(model)
-    if peft_model is None:
-        raise ValueError(
-            f"reference_mode needs a LoRA model (from add_lora), got {type(model).__name__}"
-        )
-    with peft_model.disable_adapter():
-        yield model
-
-
-def merge_lora(model: nn.Module) -> nn.Module:
-    """Fold the adapters into the base weights and return a plain (non-peft) model."""
-    peft_model = _peft_part(model)
-    if peft_model is None:
-        raise ValueError(
-            f"merge_lora needs a LoRA model (from add_lora), got {type(model).__name__}"
-        )
-    merged = peft_model.merge_and_unload()
-    if peft_model is model:
-        return merged
-    model.backbone = merged
-    return model
 
 
 # --------------------------------------------------------------------------- atomic save

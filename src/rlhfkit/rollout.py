@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from rlhfkit.generation import SamplingConfig, generate
-from rlhfkit.models import ValueModel, add_lora, freeze, load_causal_lm, reference_mode
+from rlhfkit.lora import add_lora, reference_mode
+from rlhfkit.models import ValueModel, freeze, load_causal_lm
 from rlhfkit.ops.advantages import gae
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.masks import masked_mean, masked_var, masked_whiten, position_ids_from_mask

@@ -16,7 +16,7 @@ Details and departures:
   dropped. When no separate reference is given, the starting policy itself provides them, so
   the reference weights are never loaded twice. ``precompute_reference=False`` runs the
   reference every step instead.
-- With LoRA the reference is the policy with its adapter disabled (``models.reference_mode``).
+- With LoRA the reference is the policy with its adapter disabled (``lora.reference_mode``).
 - Rankings (K responses best first) are expanded into all K-choose-2 (better, worse) pairs.
 - Dropout is off by default: the implicit reward must be a deterministic function of the
   weights, or step 1 would not start exactly at loss ln 2.

@@ -2,7 +2,7 @@
 GRPO, RLOO): dropout off, optional LoRA, the reference, and checkpoints of LoRA runs.
 
 The reference is, in order of preference: the model given; with LoRA, the policy itself with
-its adapter disabled (``models.reference_mode``: never a second copy in memory); otherwise a
+its adapter disabled (``lora.reference_mode``: never a second copy in memory); otherwise a
 copy of the starting policy, made before the first step. A stage that needs no reference model
 (DPO with precomputed log-probs, GRPO with ``beta = 0``) gets none.
 """
@@ -20,14 +20,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from rlhfkit.config import TrainConfig
-from rlhfkit.models import (
-    add_lora,
-    disable_dropout,
-    freeze,
-    merge_lora,
-    prepare_model,
-    reference_mode,
-)
+from rlhfkit.lora import add_lora, merge_lora, reference_mode
+from rlhfkit.models import disable_dropout, freeze, prepare_model
 from rlhfkit.trainers.loop import Batch, Trainer
 
 
