@@ -32,6 +32,16 @@ from rlhfkit.rewards import Scorer  # noqa: E402
 # on a busy machine it makes each forward many times slower (measured: 440 ms vs 5.5 ms).
 torch.set_num_threads(1)
 
+
+@pytest.fixture
+def two_threads():
+    """Two intra-op threads for one test (the parallel paths need a thread per model)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 TINY_VOCAB_SIZE = 400

@@ -9,14 +9,6 @@ import torch
 from rlhfkit.parallel import run_parallel
 
 
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_tasks_overlap_each_on_one_thread_and_return_in_order(two_threads):
     # Both tasks must reach the barrier before either leaves it: one after the other, the
     # first would wait for the second until the timeout and the barrier would break.

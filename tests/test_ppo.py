@@ -109,17 +109,12 @@ def test_function_and_model_scorers_with_the_same_scores_give_the_same_step(
     )
 
 
-def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_path):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # the parallel path needs a thread per model
-    try:
-        trainers = {
-            parallel: _trainer(tiny_tokenizer, tmp_path / str(parallel), parallel_critic=parallel)
-            for parallel in (False, True)
-        }
-        metrics = {parallel: trainer.step()[0] for parallel, trainer in trainers.items()}
-    finally:
-        torch.set_num_threads(threads)
+def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_path, two_threads):
+    trainers = {
+        parallel: _trainer(tiny_tokenizer, tmp_path / str(parallel), parallel_critic=parallel)
+        for parallel in (False, True)
+    }
+    metrics = {parallel: trainer.step()[0] for parallel, trainer in trainers.items()}
     # One intra-op thread per model instead of two changes float rounding, nothing else (Adam
     # scales a near-zero gradient's rounding up to a step of lr = 1e-3 at most; seen: 3e-6).
     a, b = _weights(trainers[False].trainable), _weights(trainers[True].trainable)

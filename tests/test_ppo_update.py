@@ -3,7 +3,6 @@ threads, statistics averaged over the minibatches."""
 
 import threading
 
-import pytest
 import torch
 
 from rlhfkit.trainers.ppo_update import POLICY_SHARE_BESIDE_CRITIC, update_learners
@@ -20,14 +19,6 @@ class RecordingLearner:
         if threading.current_thread() is not threading.main_thread():
             self.side_by_side.wait()  # both learners in their threads at once, or it breaks
         return {f"loss/{self.name}": float(len(minibatches)), "lr": 0.5 * len(minibatches)}
-
-
-@pytest.fixture
-def two_threads():
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_policy_beside_the_critic_then_its_tail_on_all_threads(two_threads):
