@@ -62,10 +62,11 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     import torch
 
     torch.set_num_threads(threads)
+    from rlhfkit.data import load_prompts
     from rlhfkit.models import load_causal_lm, load_tokenizer
     from rlhfkit.rewards import FunctionScorer
     from rlhfkit.tracking import read_jsonl
-    from rlhfkit.trainers.grpo import GRPOTrainer, load_prompts
+    from rlhfkit.trainers.grpo import GRPOTrainer
     from rlhfkit.trainers.grpo_config import GRPOConfig
 
     busy0, own0, wall0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()

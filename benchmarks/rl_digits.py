@@ -54,12 +54,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
+from rlhfkit.data import load_prompts  # noqa: E402
 from rlhfkit.generation import SamplingConfig  # noqa: E402
 from rlhfkit.measures import evaluate_policy, gold_scorer, summarize  # noqa: E402
 from rlhfkit.models import freeze, load_causal_lm, load_tokenizer  # noqa: E402
 from rlhfkit.tasks import BASE_MODEL_DIR, demo_data  # noqa: E402
 from rlhfkit.tracking import read_jsonl  # noqa: E402
-from rlhfkit.trainers.grpo import load_prompts, run_grpo  # noqa: E402
+from rlhfkit.trainers.grpo import run_grpo  # noqa: E402
 from rlhfkit.trainers.grpo_config import GRPOConfig  # noqa: E402
 from rlhfkit.trainers.ppo import run_ppo  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402

@@ -1,6 +1,8 @@
 """PPO trainer: learns a trivially learnable reward, scorers are interchangeable, exact resume,
 LoRA reference without a second copy, value-head critic, PPO-ptx, config checks."""
 
+import json
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def _config(tmp_path, **overrides):
     return PPOConfig(**{**values, **overrides})
 
 
-def _trainer(tiny_tokenizer, tmp_path, scorer=None, **overrides):
+def _trainer(tiny_tokenizer, tmp_path, scorer=None, eval_prompts=None, **overrides):
     policy, reference = tiny_lm(tiny_tokenizer), tiny_lm(tiny_tokenizer)
     critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
     return PPOTrainer(
@@ -48,6 +50,7 @@ def _trainer(tiny_tokenizer, tmp_path, scorer=None, **overrides):
         scorer or TargetFraction(),
         reference=reference,
         critic=critic,
+        eval_prompts=eval_prompts,
     )
 
 
@@ -141,6 +144,27 @@ def test_resume_continues_exactly(tiny_tokenizer, tmp_path):
     assert (tmp_path / "resumed" / "run" / "final" / "critic").is_dir()
     lines = (tmp_path / "resumed" / "run" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2  # one row per iteration, none duplicated by the resume
+
+
+def test_held_out_evaluation_is_logged_and_leaves_training_unchanged(tiny_tokenizer, tmp_path):
+    plain = _trainer(tiny_tokenizer, tmp_path / "plain", iterations=3)
+    plain.train()
+    held_out = tiny_prompts(tiny_tokenizer, 80)[64:]  # not among the training prompts
+    evaluated = _trainer(
+        tiny_tokenizer, tmp_path / "evaluated", eval_prompts=held_out, iterations=3, eval_every=2
+    )
+    evaluated.train()
+    a, b = _weights(plain.trainable), _weights(evaluated.trainable)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # no random stream or statistic disturbed
+    rows = [json.loads(line) for line in (tmp_path / "evaluated" / "run" / "metrics.jsonl").open()]
+    evals = [row for row in rows if "eval/score" in row]
+    assert [row["step"] for row in evals] == [2, 3]  # every 2 iterations, and at the end
+    last = evals[-1]
+    assert 0 <= last["eval/score"] <= 1 and last["eval/kl"] > 0
+    assert 1 <= last["eval/length"] <= 8  # max_new_tokens
+    # The same fixed-seed samples every time: the numbers are reproducible.
+    assert evaluated.evaluate() == evaluated.evaluate()
+    assert evaluated.evaluate()["score"] == pytest.approx(last["eval/score"])
 
 
 def test_a_checkpoint_with_one_optimiser_for_both_models_is_refused_by_name(

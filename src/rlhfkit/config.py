@@ -267,6 +267,23 @@ class SamplingOptions:
 
 
 @dataclass
+class EvalPromptOptions:
+    """Fields of the RL stages that evaluate on held-out prompts (PPO, GRPO, RLOO)."""
+
+    eval_data: str | None = f"{DEMO_DATA}/prompts"
+    """Held-out prompts: one sampled response each (fixed seed) is scored at evaluation;
+    None skips evaluation."""
+    eval_split: str = "test"
+    """Split to read from `eval_data` when it is a dataset with splits."""
+    max_eval_samples: int | None = 64
+    """Use only the first this many evaluation prompts; None uses all."""
+
+    def _check_eval_prompts(self) -> None:
+        limit = self.max_eval_samples
+        _require(self, "max_eval_samples", limit is None or limit >= 1, "None or an integer >= 1")
+
+
+@dataclass
 class ScorerOptions:
     """Fields of the stages scored by a reward model and/or Python functions."""
 

@@ -172,6 +172,8 @@ def stage_configs(config: PipelineConfig) -> Stages:
         output_dir=str(run / "ppo"),
         train_data=config.data("prompts"),
         train_split="train",
+        eval_data=config.data("prompts"),
+        eval_split="test",
         seed=seed,
     )
     dpo = _build(

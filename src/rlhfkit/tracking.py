@@ -104,8 +104,9 @@ class Tracker:
             self._bar.update(n)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        """Record scalar `metrics` at `step` (numbers, 0-dim tensors or numpy scalars)."""
-        if not self.enabled:
+        """Record scalar `metrics` at `step` (numbers, 0-dim tensors or numpy scalars); none
+        writes nothing."""
+        if not self.enabled or not metrics:
             return
         values = {key: _to_number(value) for key, value in metrics.items()}
         row = {"step": int(step), "time": time.time(), **values}

@@ -43,6 +43,7 @@ from rlhfkit.data.encode import (
     encode_comparisons,
     encode_demonstrations,
     encode_prompts,
+    load_prompts,
 )
 from rlhfkit.data.records import (
     FIELDS,
@@ -79,6 +80,7 @@ __all__ = [
     "encode_comparisons",
     "encode_demonstrations",
     "encode_prompts",
+    "load_prompts",
     "load_records",
     "pad",
     "ranked_scores",

@@ -27,6 +27,7 @@ from rlhfkit.data.records import (
     Ranking,
     Record,
 )
+from rlhfkit.data.sources import load_records
 
 logger = logging.getLogger(__name__)
 
@@ -208,3 +209,13 @@ def encode_comparisons(
     examples = [PreferenceExample(*_truncate(p, rs, max_length, report)) for p, rs in encoded]
     _log("encode_comparisons", report)
     return examples, report
+
+
+def load_prompts(
+    source: str, split: str, tokenizer: Any, max_prompt_length: int, limit: int | None
+) -> list[list[int]]:
+    """Prompt token ids of the first ``limit`` records of ``source`` (all for None), each
+    left-truncated to ``max_prompt_length`` (``encode_prompts``)."""
+    records = load_records(source, "prompts", split=split, limit=limit)
+    prompts, _ = encode_prompts(records, tokenizer, max_prompt_length)
+    return prompts

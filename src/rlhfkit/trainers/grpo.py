@@ -33,7 +33,7 @@ import torch
 from accelerate.utils import set_seed
 from torch import nn
 
-from rlhfkit.data import PromptCollator, encode_prompts, load_records
+from rlhfkit.data import PromptCollator, load_prompts
 from rlhfkit.generation import generate
 from rlhfkit.models import (
     load_causal_lm,
@@ -248,15 +248,6 @@ class GRPOTrainer(PolicyTrainer):
             "score": torch.cat(scores).mean().item(),
             "length": torch.cat(lengths).mean().item(),
         }
-
-
-def load_prompts(
-    source: str, split: str, tokenizer: Any, max_prompt_length: int, limit: int | None
-) -> list[list[int]]:
-    """Prompt token ids of every record of ``source`` (left-truncated)."""
-    records = load_records(source, "prompts", split=split, limit=limit)
-    prompts, _ = encode_prompts(records, tokenizer, max_prompt_length)
-    return prompts
 
 
 def run_grpo(config: GRPOConfig) -> Path:

@@ -9,6 +9,7 @@ from typing import Literal
 
 from rlhfkit.config import (
     DEMO_DATA,
+    EvalPromptOptions,
     LoRAOptions,
     SamplingOptions,
     ScorerOptions,
@@ -18,7 +19,7 @@ from rlhfkit.config import (
 
 
 @dataclass
-class GRPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
+class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
     """Critic-free RL with group baselines: GRPO (Shao et al. 2024) or RLOO (Ahmadian et al.
     2024). One optimiser step per sampled batch: `batch_size` prompts per micro-batch, each
     answered `num_generations` times."""
@@ -37,14 +38,8 @@ class GRPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
     """Prompts (any record kind with a prompt): .jsonl/.json/.parquet, dataset dir or hub name."""
     train_split: str = "train"
     """Split to read from `train_data` when it is a dataset with splits."""
-    eval_data: str | None = f"{DEMO_DATA}/prompts"
-    """Held-out prompts: one sampled response each (fixed seed) is scored at evaluation."""
-    eval_split: str = "test"
-    """Split to read from `eval_data` when it is a dataset with splits."""
     max_train_samples: int | None = None
     """Use only the first this many training prompts; None uses all."""
-    max_eval_samples: int | None = 64
-    """Use only the first this many evaluation prompts; None uses all."""
     max_prompt_length: int = 128
     """Prompts longer than this many tokens keep their last tokens."""
     advantage: Literal["grpo", "rloo"] = "grpo"
@@ -74,9 +69,9 @@ class GRPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
         _require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
         for name in ("max_prompt_length", "sample_every", "num_samples"):
             _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
-        for name in ("max_train_samples", "max_eval_samples"):
-            value = getattr(self, name)
-            _require(self, name, value is None or value >= 1, "None or an integer >= 1")
+        self._check_eval_prompts()
+        limit = self.max_train_samples
+        _require(self, "max_train_samples", limit is None or limit >= 1, "None or an integer >= 1")
         _require(self, "num_generations", self.num_generations >= 2, "an integer >= 2")
         _require(self, "beta", 0 <= self.beta < math.inf, "a number >= 0")
         _require(self, "clip_range", 0 < self.clip_range < math.inf, "a number > 0")

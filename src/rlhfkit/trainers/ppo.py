@@ -40,10 +40,10 @@ from rlhfkit.data import (
     PromptCollator,
     SFTCollator,
     encode_demonstrations,
-    encode_prompts,
+    load_prompts,
     load_records,
 )
-from rlhfkit.models import atomic_dir, disable_dropout, freeze, load_tokenizer, prepare_model
+from rlhfkit.models import disable_dropout, freeze, load_tokenizer, prepare_model
 from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
@@ -81,13 +81,16 @@ from rlhfkit.trainers.ppo_update import (
 
 logger = logging.getLogger(__name__)
 
+EVAL_KEYS = ("score", "kl", "length")  # PPOTrainer.evaluate's, logged under eval/
+
 
 class PPOTrainer(PPOCheckpoints):
     """PPO on ``prompts`` (token id lists) against ``scorer`` (a ``Scorer``, a reward model, or
     a Python function ``f(prompts, responses) -> list[float]``).
 
     ``reference=None`` needs a LoRA policy (the adapter is disabled for the reference);
-    ``critic=None`` needs a ``ValueHeadLM`` policy. ``ptx_examples`` are ``SFTExample``s.
+    ``critic=None`` needs a ``ValueHeadLM`` policy. ``ptx_examples`` are ``SFTExample``s;
+    ``eval_prompts`` (token id lists) are scored every ``eval_every`` iterations and at the end.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class PPOTrainer(PPOCheckpoints):
         reference: nn.Module | None = None,
         critic: nn.Module | None = None,
         ptx_examples: list | None = None,
+        eval_prompts: list[list[int]] | None = None,
     ) -> None:
         if critic is None and not isinstance(policy, ValueHeadLM):
             raise ValueError("critic=None needs a ValueHeadLM policy (critic='value_head')")
@@ -112,6 +116,7 @@ class PPOTrainer(PPOCheckpoints):
             raise ValueError("ptx_coef > 0 needs ptx_examples")
         self.config, self.tokenizer, self.prompts = config, tokenizer, prompts
         self.ptx_examples = ptx_examples or []
+        self.eval_prompts = eval_prompts or []
         # Not an accelerate.Accelerator: its state is a process-wide singleton whose precision
         # cannot change, and a pipeline runs fp32 SFT before a bf16 PPO in one process.
         device = torch.device("cuda" if torch.cuda.is_available() and not config.cpu else "cpu")
@@ -293,11 +298,12 @@ class PPOTrainer(PPOCheckpoints):
                 it = self.state.iteration
                 if it % self.config.log_every == 0 or it == target:
                     count = it % self.config.log_every or min(self.config.log_every, it)
-                    # Under train/, as every trainer of the shared loop logs.
                     tracker.log({f"train/{k}": v / count for k, v in sums.items()}, it)
                     sums = {}
                 if it == 1 or it % self.config.sample_every == 0:
                     tracker.log_samples(self._samples(rollout), it)
+                if it == total or (self.config.eval_every and it % self.config.eval_every == 0):
+                    tracker.log({f"eval/{k}": v for k, v in self.evaluate().items()}, it)
                 if self.config.save_every and it % self.config.save_every == 0:
                     self.save_checkpoint()
             if self.state.iteration < total:
@@ -308,35 +314,41 @@ class PPOTrainer(PPOCheckpoints):
             tracker.close()
         return self.state
 
+    def evaluate(self) -> dict[str, float]:
+        """One fixed-seed sample per held-out prompt: the mean raw score, KL to the reference
+        (summed over the response, as ``kl/ref``) and length. Training's random streams, score
+        statistics and KL coefficient are left as they were."""
+        if not self.eval_prompts:
+            return {}
+        generator = torch.Generator(self.device).manual_seed(self.config.seed + 2)
+        collate = PromptCollator(self.tokenizer.pad_token_id)
+        size, sums = self.config.eval_batch_size, {}
+        with ckpt.preserved_rng():
+            for start in range(0, len(self.eval_prompts), size):
+                batch = collate(self.eval_prompts[start : start + size])
+                query, mask = batch["query"].to(self.device), batch["query_mask"].to(self.device)
+                rollout = make_rollout(
+                    self.models,
+                    self.scorer,
+                    query,
+                    mask,
+                    self.tokenizer,
+                    self.settings,
+                    0.0,
+                    RunningMoments(),
+                    generator,
+                    self.autocast,
+                )
+                totals = (rollout.raw_scores, rollout.kl, rollout.response_mask)
+                accumulate(
+                    sums, {k: t.sum().item() for k, t in zip(EVAL_KEYS, totals, strict=True)}
+                )
+        return {key: value / len(self.eval_prompts) for key, value in sums.items()}
+
     def _samples(self, rollout: Rollout) -> list[dict]:
-        scores = rollout.raw_scores.tolist()
-        rows = range(min(self.config.num_samples, len(rollout)))
-        return [
-            {"prompt": rollout.prompts[i], "response": rollout.responses[i], "score": scores[i]}
-            for i in rows
-        ]
-
-    def _finish(self, tracker: Tracker) -> None:
-        self.save_checkpoint()
-        self.state.complete = True
-        with atomic_dir(self.config.final_dir) as tmp:
-            self.save_models(tmp)
-            ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
-        keys = ("score/mean", "kl/ref", "policy/entropy", "value/explained_variance")
-        keys = tuple(f"train/{key}" for key in keys)
-        tracker.plot(keys, self.output_dir / "curves.png")
-        logger.info("finished: final policy in %s", self.config.final_dir)
-
-    def save_models(self, path: Path) -> None:
-        """The policy with the tokenizer in ``path`` (with LoRA: the adapter, which
-        ``from_pretrained`` loads onto its base), the critic in ``path/critic`` (or the value
-        head in ``path/value_head.safetensors``)."""
-        causal_lm(self.policy).save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        if self.critic is not None:
-            self.critic.save_pretrained(path / "critic")
-        else:
-            ckpt.save_state(self.policy.value_head.state_dict(), path / "value_head.safetensors")
+        rows = zip(rollout.prompts, rollout.responses, rollout.raw_scores.tolist(), strict=True)
+        kept = list(rows)[: self.config.num_samples]
+        return [{"prompt": p, "response": r, "score": s} for p, r, s in kept]
 
     # ----------------------------------------------------------------- from a config
     @classmethod
@@ -353,8 +365,16 @@ class PPOTrainer(PPOCheckpoints):
             critic=critic,
             lora=config.lora_settings,
         )
-        records = load_records(config.train_data, "prompts", split=config.train_split)
-        prompts, _ = encode_prompts(records, tokenizer, config.max_prompt_length)
+        prompts = load_prompts(
+            config.train_data, config.train_split, tokenizer, config.max_prompt_length, None
+        )
+        eval_prompts = config.eval_data and load_prompts(
+            config.eval_data,
+            config.eval_split,
+            tokenizer,
+            config.max_prompt_length,
+            config.max_eval_samples,
+        )
         ptx = None
         if config.ptx_coef > 0:
             demos = load_records(config.ptx_data, "demonstrations")
@@ -369,6 +389,7 @@ class PPOTrainer(PPOCheckpoints):
             reference=models.reference,
             critic=models.critic,
             ptx_examples=ptx,
+            eval_prompts=eval_prompts,
         )
 
 

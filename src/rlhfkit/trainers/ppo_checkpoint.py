@@ -1,4 +1,4 @@
-"""Where a PPO run is saved, and how it resumes exactly.
+"""Where a PPO run is saved, how it resumes exactly, and its final models.
 
 A checkpoint (``checkpoint-<iteration>/``, written atomically) holds the trainable weights,
 each learner's AdamW state, the random streams (the global ones, the sampling generator and
@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 
 from rlhfkit.models import atomic_dir
+from rlhfkit.rollout import causal_lm
+from rlhfkit.tracking import Tracker
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import OPTIMIZER_FILE
 
@@ -39,9 +41,9 @@ class PPOState:
 
 
 class PPOCheckpoints:
-    """Checkpoint, resume and clean-up for ``PPOTrainer`` (which provides ``config``,
-    ``state``, ``output_dir``, ``trainable``, ``learners``, ``kl_controller``, ``moments``,
-    ``prompts`` and the two generators)."""
+    """Checkpoints, resume, clean-up and the final models for ``PPOTrainer`` (which provides
+    ``config``, ``state``, ``output_dir``, the models, ``tokenizer``, ``learners``,
+    ``kl_controller``, ``moments``, ``prompts`` and the two generators)."""
 
     def _prepare_run(self) -> bool:
         """Resume or clear ``output_dir``; True if the run is already complete."""
@@ -120,3 +122,25 @@ class PPOCheckpoints:
         self.shuffle_generator.set_state(rng.pop("shuffle"))
         ckpt.set_rng_state(rng)
         logger.info("resumed from %s at iteration %d", path, self.state.iteration)
+
+    def _finish(self, tracker: Tracker) -> None:
+        self.save_checkpoint()
+        self.state.complete = True
+        with atomic_dir(self.config.final_dir) as tmp:
+            self.save_models(tmp)
+            ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
+        keys = ("score/mean", "kl/ref", "policy/entropy", "value/explained_variance")
+        keys = tuple(f"train/{key}" for key in keys)
+        tracker.plot(keys, self.output_dir / "curves.png")
+        logger.info("finished: final policy in %s", self.config.final_dir)
+
+    def save_models(self, path: Path) -> None:
+        """The policy with the tokenizer in ``path`` (with LoRA: the adapter, which
+        ``from_pretrained`` loads onto its base), the critic in ``path/critic`` (or the value
+        head in ``path/value_head.safetensors``)."""
+        causal_lm(self.policy).save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        if self.critic is not None:
+            self.critic.save_pretrained(path / "critic")
+        else:
+            ckpt.save_state(self.policy.value_head.state_dict(), path / "value_head.safetensors")

@@ -17,6 +17,7 @@ from typing import Literal
 
 from rlhfkit.config import (
     DEMO_DATA,
+    EvalPromptOptions,
     LoRAOptions,
     SamplingOptions,
     ScorerOptions,
@@ -28,7 +29,7 @@ from rlhfkit.rollout import RolloutSettings
 
 
 @dataclass
-class PPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
+class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
     """PPO against a reward model and/or Python reward functions (InstructGPT step 3)."""
 
     model: str = "runs/sft/final"
@@ -43,6 +44,9 @@ class PPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
     """Sequences per forward/backward micro-batch in the update."""
     log_every: int = 1
     """Log metrics every this many PPO iterations."""
+    eval_every: int = 0
+    """Evaluate on `eval_data` (score, KL to the reference, length) every this many PPO
+    iterations; 0 only at the end."""
     save_every: int = 0
     """Write a checkpoint every this many PPO iterations; 0 only at the end."""
     train_data: str = f"{DEMO_DATA}/prompts"
@@ -116,6 +120,7 @@ class PPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
         self._check_lora()
         self._check_sampling()
         self._check_scorers()
+        self._check_eval_prompts()
         positive = (
             "max_prompt_length",
             "rollout_batch_size",
@@ -130,9 +135,6 @@ class PPOConfig(SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
             self, "iterations", self.iterations is None or self.iterations >= 1, "None or >= 1"
         )
         _require(self, "max_steps", self.max_steps is None, "None (PPO counts `iterations`)")
-        _require(
-            self, "eval_every", self.eval_every == 0, "0 (evaluate PPO with `rlhfkit evaluate`)"
-        )
         _require(
             self,
             "rollout_batch_size",
