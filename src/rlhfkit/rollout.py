@@ -126,9 +126,7 @@ class ValueHeadLM(nn.Module):
     def config(self):
         return self.lm.config
 
-    def forward(
-        self, input_ids, attention_mask, position_ids, logits_to_keep: int | torch.Tensor = 0
-    ):
+    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep=0):
         out = self.lm(
             input_ids=input_ids,
             attention_mask=attention_mask,
