@@ -33,7 +33,7 @@ from torch import nn
 from rlhfkit.config import TrainConfig
 from rlhfkit.parallel import run_parallel
 from rlhfkit.rollout import Rollout
-from rlhfkit.trainers.loop import build_optimizer, build_scheduler
+from rlhfkit.trainers.optim import build_optimizer, build_scheduler
 
 # The share of the policy's minibatches that run beside the critic's before the rest run on
 # all cores: its step costs ~1.25x the critic's on the benchmark (13 of 16 measured best).
