@@ -12,7 +12,8 @@ import pytest
 from conftest import tiny_corpus
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.models import RewardModel, ValueModel, load_causal_lm
-from rlhfkit.pipeline import PipelineConfig, run_pipeline, stage_configs
+from rlhfkit.pipeline import run_pipeline
+from rlhfkit.pipeline_config import PipelineConfig, stage_configs
 from rlhfkit.report import TABLE_COLUMNS, load_eval
 from rlhfkit.trainers import checkpoint as ckpt
 
@@ -170,7 +171,7 @@ def test_report_from_fake_results(tmp_path):
 
 
 def test_demo_config_is_valid_for_every_stage():
-    from rlhfkit.pipeline import demo_config_path
+    from rlhfkit.pipeline_config import demo_config_path
 
     stages = stage_configs(load_config(PipelineConfig, demo_config_path(), output_dir="runs/x"))
     assert stages.ppo.model == stages.dpo.model == stages.eval.reference == "runs/x/sft/final"

@@ -65,12 +65,12 @@ COMMANDS: dict[str, Command] = {
         "print sampled continuations of prompts, to see what a checkpoint writes",
     ),
     "pipeline": Command(
-        "rlhfkit.pipeline:PipelineConfig",
+        "rlhfkit.pipeline_config:PipelineConfig",
         "rlhfkit.pipeline:run_pipeline",
         "SFT -> reward model -> PPO, with DPO and best-of-n, then evaluation and the report",
     ),
     "demo": Command(
-        "rlhfkit.pipeline:DemoConfig",
+        "rlhfkit.pipeline_config:DemoConfig",
         "rlhfkit.pipeline:run_demo",
         "the pipeline on the bundled tiny English model (configs/demo.yaml), in minutes",
     ),
