@@ -64,7 +64,7 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     torch.set_num_threads(threads)
     from rlhfkit.data import load_prompts
     from rlhfkit.models import load_causal_lm, load_tokenizer
-    from rlhfkit.rewards import FunctionScorer
+    from rlhfkit.scorers import FunctionScorer
     from rlhfkit.tracking import read_jsonl
     from rlhfkit.trainers.grpo import GRPOTrainer
     from rlhfkit.trainers.grpo_config import GRPOConfig

@@ -54,7 +54,7 @@ from transformers import (  # noqa: E402
 )
 
 from rlhfkit.models import RewardModel, ValueModel, load_causal_lm, load_tokenizer  # noqa: E402
-from rlhfkit.rewards import RewardModelScorer  # noqa: E402
+from rlhfkit.scorers import RewardModelScorer  # noqa: E402
 from rlhfkit.trainers.ppo import PPOTrainer  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
 

@@ -12,7 +12,7 @@ import argparse
 
 from rlhfkit.env import LMAgent, TextEnv
 from rlhfkit.generation import SamplingConfig
-from rlhfkit.rewards import parse_scorer
+from rlhfkit.scorers import parse_scorer
 from rlhfkit.tasks import BASE_MODEL_DIR
 
 PROMPTS = ["In the year", "She counted the coins:", "The house stood at number", "It was"]

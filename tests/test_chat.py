@@ -11,7 +11,7 @@ from rlhfkit.chat import USER_PROMPT, ChatConfig, chat_loop
 from rlhfkit.config import ConfigError
 from rlhfkit.env import LMAgent
 from rlhfkit.generation import SamplingConfig
-from rlhfkit.rewards import parse_scorer
+from rlhfkit.scorers import parse_scorer
 from rlhfkit.tasks import digits_score
 
 RLHFKIT = Path(sys.executable).with_name("rlhfkit")  # the console script of this environment

@@ -1,4 +1,4 @@
-"""TextEnv (bandit and chat modes, Gymnasium API), its PPO hooks, LMAgent and rewards.parse_scorer."""
+"""TextEnv (bandit and chat modes, Gymnasium API), its PPO hooks, LMAgent and scorers.parse_scorer."""
 
 import copy
 
@@ -12,7 +12,7 @@ from rlhfkit.env import LMAgent, TextEnv, encode_for_scoring
 from rlhfkit.generation import GenerationOutput, SamplingConfig
 from rlhfkit.models import RewardModel
 from rlhfkit.perplexity import PerplexityScorer
-from rlhfkit.rewards import FunctionScorer, RewardModelScorer, parse_scorer
+from rlhfkit.scorers import FunctionScorer, RewardModelScorer, parse_scorer
 from rlhfkit.tasks import digits_reward
 
 PROMPTS = ["The cat likes", "A dog sees", "My friend reads"]

@@ -11,8 +11,8 @@ from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
 from rlhfkit.lora import add_lora
 from rlhfkit.models import ValueModel
-from rlhfkit.rewards import RewardModelScorer
 from rlhfkit.rollout import ValueHeadLM
+from rlhfkit.scorers import RewardModelScorer
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import OPTIMIZER_FILE
 from rlhfkit.trainers.ppo import PPOTrainer

@@ -11,17 +11,19 @@ from rlhfkit.models import RewardModel
 from rlhfkit.rewards import (
     AdaptiveKLController,
     FixedKLController,
+    RunningMoments,
+    ScoreOptions,
+    process_scores,
+    shape_rewards,
+)
+from rlhfkit.scorers import (
     FunctionScorer,
     RewardModelScorer,
-    RunningMoments,
     ScoreError,
     ScoreInput,
-    ScoreOptions,
     WeightedScorer,
     as_scorer,
     load_function,
-    process_scores,
-    shape_rewards,
 )
 
 PAD = 1

@@ -11,7 +11,7 @@ from rlhfkit.data import pad
 from rlhfkit.generation import SamplingConfig
 from rlhfkit.ops.advantages import gae
 from rlhfkit.ops.masks import last_token_index, masked_mean
-from rlhfkit.rewards import FunctionScorer, RunningMoments, ScoreOptions
+from rlhfkit.rewards import RunningMoments, ScoreOptions
 from rlhfkit.rollout import (
     Rollout,
     RolloutModels,
@@ -21,6 +21,7 @@ from rlhfkit.rollout import (
     make_rollout,
     sequence_inputs,
 )
+from rlhfkit.scorers import FunctionScorer
 
 EOS, PAD, VOCAB = 0, 1, 12
 

@@ -8,7 +8,6 @@ import torch
 
 from rlhfkit.data import Demonstration, load_records
 from rlhfkit.generation import SamplingConfig
-from rlhfkit.rewards import FunctionScorer
 from rlhfkit.sampling import (
     BestOfN,
     BestOfNConfig,
@@ -16,6 +15,7 @@ from rlhfkit.sampling import (
     run_bon,
     write_demonstrations,
 )
+from rlhfkit.scorers import FunctionScorer
 
 PROMPTS = ["The cat likes", "A dog sees", "My friend finds"]
 

@@ -3,7 +3,7 @@
 ``rlhfkit chat --model PATH [--reward SCORER]`` (or ``python -m rlhfkit.chat ...``). The
 history is kept and rendered as ``env.LMAgent`` renders it (chat template, else
 "User: ...\\nAssistant:"); type ``/reset`` to clear it and ``/quit`` (or end of input, Ctrl-D)
-to leave. ``--reward`` takes any ``rewards.parse_scorer`` spec: ``digits``, ``gold``,
+to leave. ``--reward`` takes any ``scorers.parse_scorer`` spec: ``digits``, ``gold``,
 ``perplexity``, a reward model directory, ``module:function``. The reward of a reply is scored
 given the conversation before it, as ``env.TextEnv`` would.
 
@@ -21,7 +21,7 @@ from rlhfkit.config import ConfigError
 from rlhfkit.data import Message, pad
 from rlhfkit.env import LMAgent, score_texts, token_budget
 from rlhfkit.generation import SamplingConfig
-from rlhfkit.rewards import Scorer, parse_scorer
+from rlhfkit.scorers import Scorer, parse_scorer
 
 BANNER = "Chatting with {model}. /reset clears the history, /quit (or Ctrl-D) exits."
 USER_PROMPT = "you> "

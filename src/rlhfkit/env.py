@@ -27,7 +27,7 @@ renders the conversation and decodes the answer; ``_generate(input_ids, attentio
 ids to response ids with ``generation.generate`` (KV cache, stop at EOS).
 
 Command-line reward specs ("digits", "gold", "perplexity", a reward model directory,
-"module:function") become scorers with ``rewards.parse_scorer``.
+"module:function") become scorers with ``scorers.parse_scorer``.
 """
 
 from __future__ import annotations
@@ -55,11 +55,7 @@ from rlhfkit.data import (
 )
 from rlhfkit.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.models import load_causal_lm, load_tokenizer
-from rlhfkit.rewards import (
-    ScoreInput,
-    Scorer,
-    as_scorer,
-)
+from rlhfkit.scorers import ScoreInput, Scorer, as_scorer
 
 MAX_TEXT_CHARS = 1 << 16  # bound of the Text spaces; any conversation that fits a model does
 DEFAULT_MAX_LENGTH = 1024  # tokens, when the tokenizer's model_max_length is unset (huge)
@@ -138,7 +134,7 @@ class TextEnv(gymnasium.Env):
     Args:
         prompts: prompts to draw from at ``reset``: strings (plain text to continue) or chat
             messages ``[{"role": "user", "content": ...}]``, as ``data.PromptRecord.prompt``.
-        reward: the reward: a ``rewards.Scorer``, a reward model (``nn.Module``) or a Python
+        reward: the reward: a ``scorers.Scorer``, a reward model (``nn.Module``) or a Python
             function ``f(prompts, responses) -> list[float]`` (see ``rewards.as_scorer``).
         tokenizer: the policy's tokenizer (with a distinct pad token, ``models.load_tokenizer``).
         metrics: more scorers, reported in ``info["scores"]`` next to the reward.
@@ -273,7 +269,7 @@ class TextEnv(gymnasium.Env):
         return [PromptRecord(self._start(p)) for p in self.prompts]
 
     def as_scorer(self) -> Scorer:
-        """The reward as a ``rewards.Scorer`` on token batches (what ``step`` returns)."""
+        """The reward as a ``scorers.Scorer`` on token batches (what ``step`` returns)."""
         return self.reward
 
     def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> list[float]:

@@ -27,8 +27,8 @@ from rlhfkit.measures import (
     summarize,
 )
 from rlhfkit.models import RewardModel, freeze, load_causal_lm, load_tokenizer
-from rlhfkit.rewards import RewardModelScorer
 from rlhfkit.sampling import model_device
+from rlhfkit.scorers import RewardModelScorer
 from rlhfkit.tasks import DEMO_DATA_DIR, REWARD_FUNCTIONS
 
 logger = logging.getLogger(__name__)

@@ -33,14 +33,8 @@ from rlhfkit.models import ValueModel, freeze, load_causal_lm
 from rlhfkit.ops.advantages import gae
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.masks import masked_mean, masked_var, masked_whiten, position_ids_from_mask
-from rlhfkit.rewards import (
-    RunningMoments,
-    ScoreInput,
-    ScoreOptions,
-    Scorer,
-    process_scores,
-    shape_rewards,
-)
+from rlhfkit.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
+from rlhfkit.scorers import ScoreInput, Scorer
 
 
 @dataclass
@@ -327,14 +321,7 @@ def make_rollout(
     timings["forward"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    batch = ScoreInput(
-        prompts=tokenizer.batch_decode(query, skip_special_tokens=True),
-        responses=tokenizer.batch_decode(out.response, skip_special_tokens=True),
-        query=query,
-        query_mask=query_mask,
-        response=out.response,
-        response_mask=out.response_mask,
-    )
+    batch = ScoreInput.from_ids(tokenizer, query, query_mask, out.response, out.response_mask)
     with autocast():
         raw_scores = scorer(batch)  # (B,)
     scores = process_scores(

@@ -1,7 +1,7 @@
 """Best-of-n sampling: sample n responses per prompt, score them, keep the best.
 
 Follows Nakano et al. 2021 (WebGPT, "rejection sampling") and Stiennon et al. 2020: the
-policy is not trained; a scorer (a reward model or a Python function, ``rewards.Scorer``)
+policy is not trained; a scorer (a reward model or a Python function, ``scorers.Scorer``)
 picks among n samples. The best-of-n policy drifts from the sampling policy by at most
 KL = log n - (n - 1) / n nats (Gao et al. 2022, eq. 1; exact for continuous scores without
 ties), which is reported beside the score it reached so that it can be compared with the
@@ -30,7 +30,7 @@ from rlhfkit.config import DEMO_DATA, SamplingOptions, _require
 from rlhfkit.data import PromptCollator, PromptRecord, encode_prompts, load_records
 from rlhfkit.generation import SamplingConfig, generate
 from rlhfkit.models import freeze, load_causal_lm, load_tokenizer
-from rlhfkit.rewards import ScoreInput, Scorer, parse_scorer
+from rlhfkit.scorers import ScoreInput, Scorer, parse_scorer
 
 logger = logging.getLogger(__name__)
 
@@ -112,14 +112,7 @@ def sample_responses(
             generator=generator,
         )
         batches.append(
-            ScoreInput(
-                prompts=tokenizer.batch_decode(query, skip_special_tokens=True),
-                responses=tokenizer.batch_decode(out.response, skip_special_tokens=True),
-                query=query,
-                query_mask=query_mask,
-                response=out.response,
-                response_mask=out.response_mask,
-            )
+            ScoreInput.from_ids(tokenizer, query, query_mask, out.response, out.response_mask)
         )
     return batches
 
@@ -171,7 +164,7 @@ def best_of_n(
         policy: the causal LM to sample from (put in eval mode).
         tokenizer: its tokenizer (distinct pad and EOS).
         prompts: texts, chat message lists or ``PromptRecord``s.
-        scorer: a ``rewards.Scorer`` (reward model or Python function).
+        scorer: a ``scorers.Scorer`` (reward model or Python function).
         n: samples per prompt (>= 1).
         sampling: sampling settings (default: temperature 1, 32 new tokens).
     """

@@ -43,15 +43,9 @@ from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
-from rlhfkit.rewards import (
-    RunningMoments,
-    ScoreInput,
-    ScoreOptions,
-    Scorer,
-    build_scorer,
-    process_scores,
-)
+from rlhfkit.rewards import RunningMoments, ScoreOptions, process_scores
 from rlhfkit.rollout import response_logits, sequence_inputs
+from rlhfkit.scorers import ScoreInput, Scorer, build_scorer
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.loop import Batch
@@ -75,7 +69,7 @@ class GRPOTrainer(PolicyTrainer):
         model: the policy (a causal LM matched to ``tokenizer``); LoRA is added here if set.
         tokenizer: distinct pad and EOS; decodes texts for the scorer and the logs.
         prompts: training prompts as token id lists (``data.encode_prompts``).
-        scorer: gives one score per response (``rewards.Scorer``).
+        scorer: gives one score per response (``scorers.Scorer``).
         eval_prompts: held-out prompts scored at evaluation (one sample each, fixed seed).
         reference: the frozen reference; None uses a copy of the starting ``model`` (with LoRA:
             ``model`` with its adapter disabled). Not used when ``config.beta == 0``.
@@ -139,14 +133,8 @@ class GRPOTrainer(PolicyTrainer):
             )
         finally:
             lm.train(was_training)
-        decode = self.tokenizer.batch_decode
-        batch = ScoreInput(
-            prompts=decode(query, skip_special_tokens=True),
-            responses=decode(out.response, skip_special_tokens=True),
-            query=query,
-            query_mask=query_mask,
-            response=out.response,
-            response_mask=out.response_mask,
+        batch = ScoreInput.from_ids(
+            self.tokenizer, query, query_mask, out.response, out.response_mask
         )
         return batch, out.eos_emitted
 

@@ -47,14 +47,7 @@ from rlhfkit.models import disable_dropout, freeze, load_tokenizer, prepare_mode
 from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
-from rlhfkit.rewards import (
-    AdaptiveKLController,
-    FixedKLController,
-    RunningMoments,
-    Scorer,
-    as_scorer,
-    build_scorer,
-)
+from rlhfkit.rewards import AdaptiveKLController, FixedKLController, RunningMoments
 from rlhfkit.rollout import (
     Rollout,
     RolloutModels,
@@ -67,6 +60,7 @@ from rlhfkit.rollout import (
     rollout_stats,
     sequence_inputs,
 )
+from rlhfkit.scorers import Scorer, as_scorer, build_scorer
 from rlhfkit.tracking import Tracker
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import epoch_order

@@ -1,0 +1,259 @@
+"""Scorers: what gives each sampled response its one scalar score.
+
+A reward model (InstructGPT step 2, scored at the last real token, EOS included as it was in
+training), any Python callable ``f(prompts, responses) -> list[float]``, or a weighted sum of
+several: all give ``scores`` (B,) through one interface, ``Scorer``. A non-finite score or a
+raising callable is reported with the sample's index, prompt and response. ``parse_scorer``
+turns a command-line spec into a scorer. How scores become PPO's per-token rewards is
+``rewards.py``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+class ScoreError(ValueError):
+    """A scorer failed or gave an unusable score; the message names the sample."""
+
+
+@dataclass
+class ScoreInput:
+    """One batch as scorers see it: texts for Python functions, token ids for models."""
+
+    prompts: list[str]  # B decoded prompts
+    responses: list[str]  # B decoded responses, special tokens (EOS) removed
+    query: torch.Tensor  # (B, Tq) left-padded prompt ids
+    query_mask: torch.Tensor  # (B, Tq)
+    response: torch.Tensor  # (B, Tr) response ids, pad after EOS
+    response_mask: torch.Tensor  # (B, Tr) 1 up to and including EOS
+
+    @classmethod
+    def from_ids(cls, tokenizer, query, query_mask, response, response_mask) -> ScoreInput:
+        """The batch with its texts decoded from the ids (special tokens, pad and EOS removed)."""
+        return cls(
+            prompts=tokenizer.batch_decode(query, skip_special_tokens=True),
+            responses=tokenizer.batch_decode(response, skip_special_tokens=True),
+            query=query,
+            query_mask=query_mask,
+            response=response,
+            response_mask=response_mask,
+        )
+
+    def describe(self, index: int) -> str:
+        return (
+            f"sample {index} (prompt={self.prompts[index]!r}, response={self.responses[index]!r})"
+        )
+
+
+class Scorer(ABC):
+    """Gives one score per response. Subclasses implement ``score``; calling checks it."""
+
+    name: str = "scorer"
+
+    @abstractmethod
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        """(B,) scores for ``batch``."""
+
+    def to(self, device: torch.device | str) -> Scorer:
+        """Move any model the scorer holds to ``device`` (nothing for Python functions)."""
+        return self
+
+    def __call__(self, batch: ScoreInput) -> torch.Tensor:
+        scores = self.score(batch)
+        expected = (len(batch.prompts),)
+        if tuple(scores.shape) != expected:
+            raise ScoreError(
+                f"{self.name} returned scores of shape {tuple(scores.shape)}, expected {expected}"
+            )
+        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
+        if bad:
+            raise ScoreError(
+                f"{self.name} gave the non-finite score {scores[bad[0]].item()} for "
+                f"{batch.describe(bad[0])} ({len(bad)} non-finite in the batch)"
+            )
+        return scores.float()
+
+
+class FunctionScorer(Scorer):
+    """Wraps ``fn(prompts: list[str], responses: list[str]) -> list[float]`` (or a tensor)."""
+
+    def __init__(
+        self, fn: Callable[[list[str], list[str]], Sequence[float]], name: str | None = None
+    ):
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        try:
+            values = self.fn(batch.prompts, batch.responses)
+        except Exception as error:
+            raise self._blame(batch, error) from error
+        scores = torch.as_tensor(values, dtype=torch.float32).flatten()
+        if scores.numel() != len(batch.prompts):
+            raise ScoreError(
+                f"{self.name} returned {scores.numel()} scores for {len(batch.prompts)} responses"
+            )
+        return scores.to(batch.response.device)
+
+    def _blame(self, batch: ScoreInput, error: Exception) -> ScoreError:
+        """Re-run the samples one by one to name the first that makes ``fn`` raise."""
+        for i in range(len(batch.prompts)):
+            try:
+                self.fn(batch.prompts[i : i + 1], batch.responses[i : i + 1])
+            except Exception as single_error:
+                return ScoreError(
+                    f"{self.name} raised {type(single_error).__name__}: {single_error} on "
+                    f"{batch.describe(i)}"
+                )
+        return ScoreError(
+            f"{self.name} raised {type(error).__name__}: {error} on the batch of "
+            f"{len(batch.prompts)} (no single sample raises on its own)"
+        )
+
+
+class RewardModelScorer(Scorer):
+    """Scores query + response ids with a reward model (``models.RewardModel``).
+
+    The model must share the policy's tokenizer. The sequence keeps the EOS the policy emitted,
+    so the model reads its score at EOS, as it was trained (see the peers' pitfall 7).
+    """
+
+    def __init__(self, model: torch.nn.Module, name: str = "reward_model"):
+        self.model = model
+        self.name = name
+
+    def to(self, device: torch.device | str) -> Scorer:
+        self.model.to(device)
+        return self
+
+    @torch.no_grad()
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        self.model.eval()  # a scorer never runs dropout
+        sequence = torch.cat([batch.query, batch.response], dim=1)  # (B, Tq + Tr)
+        mask = torch.cat([batch.query_mask, batch.response_mask], dim=1)  # (B, Tq + Tr)
+        return self.model(sequence, mask).float()  # (B,) at the last real token
+
+
+class WeightedScorer(Scorer):
+    """sum_i weight_i * scorer_i(batch): e.g. a reward model plus a format bonus."""
+
+    def __init__(self, parts: Sequence[tuple[Scorer, float]]):
+        if not parts:
+            raise ValueError("WeightedScorer needs at least one (scorer, weight) pair")
+        self.parts = [(as_scorer(scorer), float(weight)) for scorer, weight in parts]
+        self.name = " + ".join(f"{w:g}*{s.name}" for s, w in self.parts)
+
+    def to(self, device: torch.device | str) -> Scorer:
+        for scorer, _ in self.parts:
+            scorer.to(device)
+        return self
+
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        return sum(weight * scorer(batch) for scorer, weight in self.parts)
+
+
+def as_scorer(source: Scorer | torch.nn.Module | Callable) -> Scorer:
+    """A ``Scorer`` as is, a ``torch.nn.Module`` as a reward model, any other callable as a
+    Python function of (prompts, responses)."""
+    if isinstance(source, Scorer):
+        return source
+    if isinstance(source, torch.nn.Module):
+        return RewardModelScorer(source)
+    if callable(source):
+        return FunctionScorer(source)
+    raise TypeError(f"cannot score with {type(source).__name__}: need a Scorer, model or callable")
+
+
+def load_function(path: str) -> Callable:
+    """Import ``"package.module:function"`` (the form reward functions take in configs)."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"reward function {path!r}: expected 'module:function'")
+    function = getattr(importlib.import_module(module_name), attribute, None)
+    if not callable(function):
+        raise ValueError(f"reward function {path!r}: {module_name} has no callable {attribute!r}")
+    return function
+
+
+def build_scorer(
+    reward_model: str | None,
+    reward_functions: Sequence[str] = (),
+    weights: Sequence[float] | None = None,
+) -> Scorer:
+    """A frozen reward model (a directory from ``rlhfkit reward``) and/or reward functions
+    (``"module:function"``), summed with ``weights`` (in that order; None = all 1)."""
+    parts: list[Scorer] = []
+    if reward_model is not None:
+        parts.append(RewardModelScorer(load_reward_model(reward_model)))
+    parts += [FunctionScorer(load_function(path), name=path) for path in reward_functions]
+    if not parts:
+        raise ValueError("build_scorer needs a reward model or at least one reward function")
+    weights = list(weights) if weights is not None else [1.0] * len(parts)
+    if len(weights) != len(parts):
+        raise ValueError(f"{len(weights)} weights for {len(parts)} scorers")
+    if len(parts) == 1 and weights[0] == 1.0:
+        return parts[0]
+    return WeightedScorer(list(zip(parts, weights, strict=True)))
+
+
+# --------------------------------------------------------------------------- scorers from specs
+SCORER_SPECS = (
+    "digits | gold | sentiment (rlhfkit.tasks), perplexity (under the policy), "
+    "perplexity:PATH (under the causal LM at PATH), a reward model directory, module:function"
+)
+
+
+def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = None) -> Scorer:
+    """A ``Scorer`` from a command-line spec (see ``SCORER_SPECS``).
+
+    ``model`` is the causal LM bare "perplexity" is measured under; ``tokenizer``, when given,
+    is checked against a reward model's vocabulary (they must share one).
+    """
+    # Imported here: models, tasks and perplexity (whose scorer is a Scorer) build on this module.
+    from rlhfkit import tasks
+    from rlhfkit.models import freeze, load_causal_lm
+    from rlhfkit.perplexity import PerplexityScorer
+
+    builtins = {**tasks.REWARD_FUNCTIONS, "gold": tasks.gold_reward}
+    if spec in builtins:
+        return FunctionScorer(builtins[spec], name=spec)
+    if spec == "perplexity":
+        if model is None:
+            raise ValueError("scorer 'perplexity' needs a model; use perplexity:PATH")
+        return PerplexityScorer(model)
+    if spec.startswith("perplexity:"):
+        path = spec.removeprefix("perplexity:")
+        return PerplexityScorer(freeze(load_causal_lm(path, tokenizer=tokenizer)))
+    if Path(spec).is_dir():
+        return RewardModelScorer(load_reward_model(spec, tokenizer))
+    if ":" in spec:
+        return FunctionScorer(load_function(spec), name=spec)
+    raise ValueError(
+        f"reward {spec!r}: not a known scorer nor a directory; allowed: {SCORER_SPECS}"
+    )
+
+
+def load_reward_model(path: str, tokenizer=None) -> torch.nn.Module:
+    """A trained, frozen reward model: without its head a directory would score at random."""
+    from rlhfkit.models import HEAD_CONFIG, RewardModel, freeze
+
+    if not (Path(path) / HEAD_CONFIG).is_file():
+        raise ValueError(
+            f"reward {path!r}: the directory has no {HEAD_CONFIG}, so it is not a reward model "
+            f"(`rlhfkit rm` writes one); for a causal LM's perplexity use perplexity:{path}"
+        )
+    reward_model = freeze(RewardModel.from_pretrained(path))
+    rows = reward_model.backbone.get_input_embeddings().num_embeddings
+    if tokenizer is not None and rows < len(tokenizer):
+        raise ValueError(
+            f"reward model {path} has {rows} token embeddings but the policy's tokenizer has "
+            f"{len(tokenizer)} tokens: the reward model must share the policy's tokenizer"
+        )
+    return reward_model
