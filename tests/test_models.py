@@ -290,7 +290,9 @@ def test_atomic_save_replaces_and_survives_crash(tmp_path, tiny_model, tiny_toke
 
 
 def test_prepare_model_fuses_gelu_and_sets_attention_without_changing_outputs(tiny_model_dir):
-    from transformers.activations import GELUTanh, NewGELUActivation
+    from transformers.activations import NewGELUActivation
+
+    from rlhfkit.models import TanhGELU
 
     model = load_causal_lm(tiny_model_dir).eval()
     reward = RewardModel.from_pretrained(tiny_model_dir).eval()
@@ -301,7 +303,7 @@ def test_prepare_model_fuses_gelu_and_sets_attention_without_changing_outputs(ti
     for m in (model, add_lora(reward, r=2)):
         prepare_model(m, "eager")
         assert not any(type(mod) is NewGELUActivation for mod in m.modules())
-        assert any(type(mod) is GELUTanh for mod in m.modules())
+        assert any(type(mod) is TanhGELU for mod in m.modules())
         transformers = [mod for mod in m.modules() if hasattr(mod, "set_attn_implementation")]
         assert transformers and all(t.config._attn_implementation == "eager" for t in transformers)
     with torch.no_grad():
