@@ -20,8 +20,8 @@ the command line. ``--profile`` prints torch.profiler's top operators for one it
 
 Default setting (the fastest correct one measured): bf16 autocast with fp32 master weights and
 fp32 loss math, eager attention (torch's CPU flash-attention backward is slow in bf16), fused
-AdamW and the table GELU (``ops.gelu_tanh``; both done by ``PPOTrainer``), policy and critic updated side by
-side on one core each (``--one-after-the-other`` turns that off). On a busy machine use
+AdamW and the table GELU (``ops.gelu_tanh``; both done by ``PPOTrainer``), policy and critic
+updated side by side on one core each (``--one-after-the-other`` turns that off). On a busy machine use
 ``--threads 1``: two OpenMP threads that get descheduled wait on each other (10x slower).
 
     .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets   # bf16, eager
