@@ -97,7 +97,7 @@ def test_logprobs_never_allocate_a_second_full_tensor(fn):
     with FullSizeAllocations(logits.numel()) as backward:
         out.sum().backward()
     assert forward.ops == []
-    assert backward.ops == ["aten.zeros_like.default"]  # the gradient buffer, nothing else
+    assert backward.ops == ["aten.empty_like.default"]  # the gradient buffer, nothing else
     # The probe does catch the naive version: log_softmax output, scatter, softmax backward.
     with FullSizeAllocations(logits.numel()) as naive:
         reference_logprobs(logits, labels).sum().backward()
@@ -176,3 +176,22 @@ def test_entropy_hand_values_and_filtered_logits():
     torch.testing.assert_close(entropy, torch.tensor([[math.log(2.0)]]))
     entropy.sum().backward()
     assert torch.isfinite(filtered.grad).all()
+
+
+def test_default_blocks_on_cpu_hold_a_fixed_number_of_logits():
+    from rlhfkit.ops.logprobs import CPU_BLOCK_ELEMENTS, _positions_per_block
+
+    assert _positions_per_block(torch.empty(1, 1, 4096), None) == CPU_BLOCK_ELEMENTS // 4096
+    assert _positions_per_block(torch.empty(1, 1, 50257), None) == CPU_BLOCK_ELEMENTS // 50257
+    assert _positions_per_block(torch.empty(1, 1, 4 * CPU_BLOCK_ELEMENTS), None) == 1
+    assert _positions_per_block(torch.empty(1, 1, 4096), 7) == 7
+    # A vocabulary of CPU_BLOCK_ELEMENTS / 2: two positions per block, five blocks here.
+    logits, labels = random_case(batch=2, length=5, vocab=CPU_BLOCK_ELEMENTS // 2, seed=3)
+    logits.requires_grad_()
+    ours = token_logprobs(logits, labels)
+    (expected_grad,) = torch.autograd.grad(reference_logprobs(logits, labels).sum(), logits)
+    torch.testing.assert_close(ours, reference_logprobs(logits, labels))
+    (grad,) = torch.autograd.grad(ours.sum(), logits)
+    torch.testing.assert_close(grad, expected_grad)
+    expected_entropy = -(logits.softmax(-1) * logits.log_softmax(-1)).sum(-1)
+    torch.testing.assert_close(entropy_from_logits(logits), expected_entropy)

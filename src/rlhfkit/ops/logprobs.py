@@ -2,11 +2,19 @@
 
 ``log_softmax(logits).gather(labels)`` materialises a second (B, T, V) tensor, which for a
 GPT-2 vocabulary (V = 50257) is often the largest allocation of an RLHF step. Here the
-log-softmax is written as ``logit[label] - logsumexp(logits)`` and evaluated over chunks of
-(B, T) positions, so only a (chunk, V) block exists at a time, in the forward pass and in the
-backward pass (a small ``torch.autograd.Function`` writes the gradient straight into one
-(B, T, V) buffer). This is the same identity TRL's ``selective_log_softmax`` and OpenRLHF's
-``logprobs_from_logits`` use; they loop per row, we loop per chunk of positions.
+log-softmax is evaluated over blocks of (B, T) positions, so only a (block, V) float32 tensor
+exists at a time, in the forward pass and in the backward pass (a small
+``torch.autograd.Function`` writes the gradient, ``onehot(label) - softmax``, straight into
+one (B, T, V) buffer). TRL's ``selective_log_softmax`` and OpenRLHF's ``logprobs_from_logits``
+do the same per row; we loop per block of positions.
+
+Block size: on a GPU 1024 positions. On a CPU a block holds ``CPU_BLOCK_ELEMENTS`` logits
+(2 MB in float32), whatever the vocabulary: a block that stays in cache is several times
+faster than one that does not. Measured on (32, 32, 4096) bf16 logits, 2 threads: the
+entropy takes 4.5 ms in blocks of 2^19 logits against 33 ms in one block; log-probs forward
+and backward 5.1 against 7.2 ms. Each block runs torch's fused ``log_softmax`` / ``softmax``
+kernels with a float32 result, which read bf16 logits without a separate cast (2.5 against
+4.7 ms for the update's (8, 32, 4096) log-probs, forward and backward, one thread).
 
 Alignment: a causal LM's logits at position t are the distribution of token t + 1, so the
 log-probability of ``input_ids[:, t + 1]`` is read from ``logits[:, t]``. ``shifted_logprobs``
@@ -24,7 +32,8 @@ from collections.abc import Iterator
 
 import torch
 
-DEFAULT_CHUNK_SIZE = 1024  # (B, T) positions per block: 1024 x 50257 x 4 bytes = 206 MB at most
+DEFAULT_CHUNK_SIZE = 1024  # (B, T) positions per block off CPU: 1024 x 50257 x 4 bytes = 206 MB
+CPU_BLOCK_ELEMENTS = 2**19  # logits per block on a CPU (2 MB in float32; see the docstring)
 
 
 def check_token_ids(
@@ -72,6 +81,15 @@ def _check_logits(logits: torch.Tensor) -> None:
         raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
 
 
+def _positions_per_block(logits: torch.Tensor, chunk_size: int | None) -> int:
+    """``chunk_size`` if given, else the device's default (see the module docstring)."""
+    if chunk_size is not None:
+        return chunk_size
+    if logits.device.type == "cpu":
+        return max(1, CPU_BLOCK_ELEMENTS // max(1, logits.shape[-1]))
+    return DEFAULT_CHUNK_SIZE
+
+
 def _blocks(batch: int, length: int, chunk_size: int) -> Iterator[tuple[slice, slice]]:
     """Cover a (batch, length) grid with blocks of at most ``chunk_size`` positions.
 
@@ -93,7 +111,7 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class _ChunkedTokenLogprobs(torch.autograd.Function):
-    """log p(label) = logit[label] - logsumexp(logits), chunked in forward and backward.
+    """log p(label) = log_softmax(logits)[label], block by block in forward and backward.
 
     ``labels`` (B, L) with L <= T score the first L positions of ``logits`` (B, T, V); the
     gradient of the remaining positions is zero. Backward uses d/dx = onehot(label) - softmax(x).
@@ -104,44 +122,36 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         batch, length = labels.shape
         acc = _accumulation_dtype(logits.dtype)
         out = logits.new_empty((batch, length), dtype=acc)  # (B, L)
-        lse = logits.new_empty((batch, length), dtype=acc)  # (B, L)
         for rows, span in _blocks(batch, length, chunk_size):
-            block = logits[rows, span].to(acc)  # (b, t, V), a view unless upcast
-            lse[rows, span] = torch.logsumexp(block, dim=-1)
-            picked = block.gather(-1, labels[rows, span].unsqueeze(-1)).squeeze(-1)
-            out[rows, span] = picked - lse[rows, span]
-        ctx.save_for_backward(logits, labels, lse)
+            logp = torch.log_softmax(logits[rows, span], dim=-1, dtype=acc)  # (b, t, V)
+            out[rows, span] = logp.gather(-1, labels[rows, span].unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(logits, labels)
         ctx.chunk_size = chunk_size
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        logits, labels, lse = ctx.saved_tensors
-        blocks = list(_blocks(*labels.shape, ctx.chunk_size))
-        if len(blocks) == 1 and labels.shape[1] == logits.shape[1]:
-            # One block covers all: its gradient is the whole one, no buffer to fill first.
-            return _block_grad(logits, labels, lse, grad_out).to(logits.dtype), None, None
-        grad = torch.zeros_like(logits, memory_format=torch.contiguous_format)  # (B, T, V)
-        for rows, span in blocks:
-            block = logits[rows, span]
+        logits, labels = ctx.saved_tensors
+        batch, length = labels.shape
+        grad = torch.empty_like(logits, memory_format=torch.contiguous_format)  # (B, T, V)
+        grad[:, length:].zero_()  # positions no label scores
+        for rows, span in _blocks(batch, length, ctx.chunk_size):
             grad[rows, span] = _block_grad(
-                block, labels[rows, span], lse[rows, span], grad_out[rows, span]
+                logits[rows, span], labels[rows, span], grad_out[rows, span]
             )
         return grad, None, None
 
 
-def _block_grad(
-    block: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, grad_out: torch.Tensor
-) -> torch.Tensor:
+def _block_grad(block: torch.Tensor, labels: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
     """d log p(label) / d logits = onehot(label) - softmax, times ``grad_out``: (b, t, V)."""
-    g = grad_out.unsqueeze(-1).to(lse.dtype)  # (b, t, 1)
-    grad = torch.exp(block.to(lse.dtype) - lse.unsqueeze(-1)).mul_(-g)
+    g = grad_out.unsqueeze(-1)  # (b, t, 1)
+    grad = torch.softmax(block, dim=-1, dtype=g.dtype).mul_(-g)
     return grad.scatter_add_(-1, labels.unsqueeze(-1), g)
 
 
 def token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+    logits: torch.Tensor, labels: torch.Tensor, chunk_size: int | None = None
 ) -> torch.Tensor:
     """log softmax(logits)[label] per position, for labels already aligned with the logits.
 
@@ -151,18 +161,18 @@ def token_logprobs(
     Args:
         logits: (B, T, V) unnormalised scores.
         labels: (B, T) integer ids in [0, V).
-        chunk_size: (B, T) positions processed per block.
+        chunk_size: (B, T) positions per block; None for the device's default.
 
     Returns:
         (B, T) log-probabilities, float32 (float64 for float64 logits).
     """
     _check_logits(logits)
     check_token_ids(labels, logits.shape[-1], "labels", logits=logits)
-    return _ChunkedTokenLogprobs.apply(logits, labels, chunk_size)
+    return _ChunkedTokenLogprobs.apply(logits, labels, _positions_per_block(logits, chunk_size))
 
 
 def shifted_logprobs(
-    logits: torch.Tensor, input_ids: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE
+    logits: torch.Tensor, input_ids: torch.Tensor, chunk_size: int | None = None
 ) -> torch.Tensor:
     """log p(input_ids[:, t + 1] | input_ids[:, :t + 1]), read from ``logits[:, t]``.
 
@@ -177,13 +187,14 @@ def shifted_logprobs(
     check_token_ids(input_ids, logits.shape[-1], "input_ids", logits=logits)
     # Pass the full logits and let the labels cover positions 0..T-2: slicing logits[:, :-1]
     # here would make autograd allocate another (B, T, V) gradient to undo the slice.
-    return _ChunkedTokenLogprobs.apply(logits, input_ids[:, 1:], chunk_size)
+    positions = _positions_per_block(logits, chunk_size)
+    return _ChunkedTokenLogprobs.apply(logits, input_ids[:, 1:], positions)
 
 
-def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+def entropy_from_logits(logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
     """Entropy H = -sum_v p_v log p_v of softmax(logits) per position, chunked.
 
-    Uses log p = logits - logsumexp(logits), so H = logsumexp - sum_v p_v * logits_v.
+    Block by block from torch's fused ``log_softmax``, like the log-probs.
     Logits of -inf (tokens removed by top-k / top-p filtering) contribute 0, not NaN.
 
     Args:
@@ -198,14 +209,14 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_SI
     if batch == 0 or length == 0:
         return logits.new_zeros((batch, length), dtype=acc)
     parts: dict[int, list[torch.Tensor]] = {}  # row-block start -> its (b, t) entropies
-    for rows, span in _blocks(batch, length, chunk_size):
-        parts.setdefault(rows.start, []).append(_block_entropy(logits[rows, span].to(acc)))
+    for rows, span in _blocks(batch, length, _positions_per_block(logits, chunk_size)):
+        parts.setdefault(rows.start, []).append(_block_entropy(logits[rows, span], acc))
     # torch.cat keeps autograd simple: an entropy bonus needs gradients.
     return torch.cat([torch.cat(row_parts, dim=1) for row_parts in parts.values()], dim=0)
 
 
-def _block_entropy(block: torch.Tensor) -> torch.Tensor:
-    logp = block - torch.logsumexp(block, dim=-1, keepdim=True)  # (b, t, V)
+def _block_entropy(block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    logp = torch.log_softmax(block, dim=-1, dtype=dtype)  # (b, t, V)
     # A filtered token has p = 0 and log p = -inf, and 0 * -inf is NaN: clamp log p to the
     # most negative finite float first (0 * that = 0, and clamp's gradient there is 0). One
     # pass instead of isfinite + where (3.6x faster on a (32, 32, 4096) block, same result).
