@@ -112,6 +112,21 @@ def test_function_and_model_scorers_with_the_same_scores_give_the_same_step(
     )
 
 
+def test_the_reward_model_gets_the_trainers_gelu_and_attention(tiny_tokenizer, tmp_path):
+    from transformers.activations import NewGELUActivation
+
+    from rlhfkit.models import RewardModel, TanhGELU
+    from rlhfkit.scorers import WeightedScorer
+
+    reward_model = RewardModel(tiny_lm(tiny_tokenizer, seed=2).transformer)
+    scorer = WeightedScorer([(RewardModelScorer(reward_model), 1.0), (TargetFraction(), 0.5)])
+    assert scorer.models() == [reward_model]
+    _trainer(tiny_tokenizer, tmp_path, scorer, attn_implementation="eager")
+    assert not any(isinstance(m, NewGELUActivation) for m in reward_model.modules())
+    assert any(isinstance(m, TanhGELU) for m in reward_model.modules())
+    assert reward_model.backbone.config._attn_implementation == "eager"
+
+
 def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_path, two_threads):
     trainers = {
         parallel: _trainer(tiny_tokenizer, tmp_path / str(parallel), parallel_critic=parallel)

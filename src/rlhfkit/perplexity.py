@@ -139,9 +139,8 @@ class PerplexityScorer(Scorer):
         self.model = model
         self.name = name or self.name
 
-    def to(self, device: torch.device | str) -> Scorer:
-        self.model.to(device)
-        return self
+    def models(self) -> list[nn.Module]:
+        return [self.model]
 
     @torch.no_grad()
     def score(self, batch: ScoreInput) -> torch.Tensor:

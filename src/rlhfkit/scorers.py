@@ -61,8 +61,14 @@ class Scorer(ABC):
     def score(self, batch: ScoreInput) -> torch.Tensor:
         """(B,) scores for ``batch``."""
 
+    def models(self) -> list[torch.nn.Module]:
+        """The models the scorer runs (none for a Python function)."""
+        return []
+
     def to(self, device: torch.device | str) -> Scorer:
-        """Move any model the scorer holds to ``device`` (nothing for Python functions)."""
+        """Move every model the scorer runs to ``device``."""
+        for model in self.models():
+            model.to(device)
         return self
 
     def __call__(self, batch: ScoreInput) -> torch.Tensor:
@@ -129,9 +135,8 @@ class RewardModelScorer(Scorer):
         self.model = model
         self.name = name
 
-    def to(self, device: torch.device | str) -> Scorer:
-        self.model.to(device)
-        return self
+    def models(self) -> list[torch.nn.Module]:
+        return [self.model]
 
     @torch.no_grad()
     def score(self, batch: ScoreInput) -> torch.Tensor:
@@ -150,10 +155,8 @@ class WeightedScorer(Scorer):
         self.parts = [(as_scorer(scorer), float(weight)) for scorer, weight in parts]
         self.name = " + ".join(f"{w:g}*{s.name}" for s, w in self.parts)
 
-    def to(self, device: torch.device | str) -> Scorer:
-        for scorer, _ in self.parts:
-            scorer.to(device)
-        return self
+    def models(self) -> list[torch.nn.Module]:
+        return [model for scorer, _ in self.parts for model in scorer.models()]
 
     def score(self, batch: ScoreInput) -> torch.Tensor:
         return sum(weight * scorer(batch) for scorer, weight in self.parts)

@@ -35,10 +35,7 @@ from torch import nn
 
 from rlhfkit.data import PromptCollator, load_prompts
 from rlhfkit.generation import generate
-from rlhfkit.models import (
-    load_causal_lm,
-    load_tokenizer,
-)
+from rlhfkit.models import load_causal_lm, load_tokenizer, prepare_model
 from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
@@ -105,6 +102,8 @@ class GRPOTrainer(PolicyTrainer):
             accelerator=accelerator,
         )
         self.scorer = scorer.to(self.accelerator.device)
+        for model in self.scorer.models():  # a reward model: the same GELU and attention
+            prepare_model(model, config.attention)
         self.eval_prompts = list(eval_prompts)
         self.sampling = config.sampling
         self.score_options = ScoreOptions(missing_eos_penalty=config.missing_eos_penalty)

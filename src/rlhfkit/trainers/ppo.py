@@ -19,8 +19,9 @@ is exact; padding columns a minibatch does not use are trimmed before its forwar
 Speed (measured on the issue's CPU workload, see benchmarks/bench_ppo.py): the LM head runs
 only on response positions (``logits_to_keep``); optional bf16 autocast keeps fp32 weights,
 optimiser and loss math; AdamW is the fused kernel; GPT-2's Python GELU is replaced by one
-kernel, read from a table in bf16 (``models.prepare_model``); the rollout's entropy is logged instead of a per-
-minibatch (b, Tr, V) entropy pass when there is no entropy bonus; on a CPU, policy and
+kernel, read from a table in bf16, in every model including the reward model
+(``models.prepare_model``); the rollout's entropy is logged instead of a per-minibatch
+(b, Tr, V) entropy pass when there is no entropy bonus; on a CPU, policy and
 separate critic learn side by side, each on half the cores (``ppo_update.py``).
 """
 
@@ -125,6 +126,8 @@ class PPOTrainer(PPOCheckpoints):
             freeze(reference)
         self.policy, self.critic = policy, critic
         self.scorer = as_scorer(scorer).to(device)
+        for model in self.scorer.models():  # a reward model: the same GELU and attention
+            prepare_model(model, config.attention)
         self.models = RolloutModels(policy, reference, critic)
         self.trainable = nn.ModuleDict({"policy": policy, **({"critic": critic} if critic else {})})
         steps = config.total_optimizer_steps(len(prompts))
