@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shlex
 import statistics
 import subprocess
@@ -37,11 +36,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train import _busy_cpu_s, _own_cpu_s, _spread, prepare  # noqa: E402
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from bench_train import prepare  # noqa: E402
+from common import MachineLoad, logged_steps, peak_rss_mib, spread  # noqa: E402
 
 STEPS, PAIRS, MAX_LENGTH, LR, BETA = 40, 8, 128, 5e-5, 0.1
 ASSETS = Path(__file__).resolve().parents[1] / "src" / "rlhfkit" / "assets"
@@ -73,11 +69,10 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
 
     torch.set_num_threads(threads)
     from rlhfkit.models import load_causal_lm, load_reference, load_tokenizer
-    from rlhfkit.tracking import read_jsonl
     from rlhfkit.trainers.dpo import DPOTrainer, load_pairs
     from rlhfkit.trainers.dpo_config import DPOConfig
 
-    busy0, own0, wall0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()
+    machine = MachineLoad()
     precompute = mode.startswith("precompute")
     config = DPOConfig(
         model=prepared["model"], output_dir=str(out), train_data=prepared["prefs"],
@@ -94,22 +89,15 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     trainer = DPOTrainer(config, model, tokenizer, pairs, reference=reference)
     init_s = time.perf_counter() - started
     trainer.train()
-    wall = time.perf_counter() - wall0
-    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/step_seconds" in r]
-    # Wall time between consecutive log lines (log_every=1): the whole step, logging included,
-    # as TRL's step timer measures it.
-    stamps = [r["time"] for r in rows]
-    times = [rows[0]["train/step_seconds"]] + [
-        b - a for a, b in zip(stamps, stamps[1:], strict=False)
-    ]
+    rows, times = logged_steps(out / "metrics.jsonl")
     return {
         "median_s": statistics.median(times[1:]),
         "first_s": times[0],
         "init_s": init_s,
-        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_mib": peak_rss_mib(),
         "losses": [r["train/loss"] for r in rows],
         "logps_chosen_1": rows[0]["train/logps_chosen"],
-        "foreign_cores": max(0.0, _busy_cpu_s() - busy0 - (_own_cpu_s() - own0)) / wall,
+        "foreign_cores": machine.foreign_cores(),
     }
 
 
@@ -153,10 +141,10 @@ def trl_run(
 
 def report(name: str, results: list[dict]) -> None:
     print(f"\n{name} ({len(results)} runs)")
-    print(f"  s/step min/med/max            {_spread([r['median_s'] for r in results], '.3f')}")
+    print(f"  s/step min/med/max            {spread([r['median_s'] for r in results], '.3f')}")
     print(f"  first step s (median)         {statistics.median(r['first_s'] for r in results):.2f}")
     print(f"  init s (median)               {statistics.median(r['init_s'] for r in results):.2f}")
-    print(f"  peak RSS MiB min/med/max      {_spread([r['rss_mib'] for r in results], '.0f')}")
+    print(f"  peak RSS MiB min/med/max      {spread([r['rss_mib'] for r in results], '.0f')}")
     first = results[0]
     print(f"  step-1 logps/chosen, loss 1 -> {len(first['losses'])}  "
           f"{first['logps_chosen_1']:.3f}, {first['losses'][0]:.4f} -> {first['losses'][-1]:.4f}")  # fmt: skip

@@ -31,22 +31,16 @@ import argparse
 import json
 import os
 import re
-import resource
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dpo import run_child, summarize, workload  # noqa: E402
-from bench_train import _busy_cpu_s, _own_cpu_s, _spread  # noqa: E402
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from common import MachineLoad, logged_steps, peak_rss_mib, spread  # noqa: E402
 
 ITERS, PROMPTS, GENERATIONS, NEW_TOKENS, LR, BETA = 30, 8, 4, 32, 5e-5, 0.04
 DIGIT = re.compile(r"\d")
@@ -65,11 +59,10 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     from rlhfkit.data import load_prompts
     from rlhfkit.models import load_causal_lm, load_tokenizer
     from rlhfkit.scorers import FunctionScorer
-    from rlhfkit.tracking import read_jsonl
     from rlhfkit.trainers.grpo import GRPOTrainer
     from rlhfkit.trainers.grpo_config import GRPOConfig
 
-    busy0, own0, wall0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()
+    machine = MachineLoad()
     config = GRPOConfig(
         model=prepared["model"], output_dir=str(out), train_data=prepared["prompts"],
         reward_functions=["bench_grpo:digit_reward"], advantage=mode.split("+")[0],
@@ -83,14 +76,7 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     prompts = load_prompts(config.train_data, "train", tokenizer, config.max_prompt_length, None)
     scorer = FunctionScorer(digit_reward, name="digits")
     GRPOTrainer(config, model, tokenizer, prompts, scorer).train()
-    wall = time.perf_counter() - wall0
-    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/step_seconds" in r]
-    # Wall time between consecutive log lines (log_every=1): the whole step, logging included,
-    # as TRL's step timer measures it.
-    stamps = [r["time"] for r in rows]
-    times = [rows[0]["train/step_seconds"]] + [
-        b - a for a, b in zip(stamps, stamps[1:], strict=False)
-    ]
+    rows, times = logged_steps(out / "metrics.jsonl")
     gen = [r["train/time/generate"] for r in rows]
     rewards = [r["train/score/mean"] for r in rows]
     return {
@@ -98,9 +84,9 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
         "first_s": times[0],
         "gen_s": statistics.median(gen[1:]),
         "gen_tok_s": PROMPTS * GENERATIONS * NEW_TOKENS / statistics.median(gen[1:]),
-        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_mib": peak_rss_mib(),
         "rewards": rewards,
-        "foreign_cores": max(0.0, _busy_cpu_s() - busy0 - (_own_cpu_s() - own0)) / wall,
+        "foreign_cores": machine.foreign_cores(),
     }
 
 
@@ -150,12 +136,12 @@ def trl_run(python: str, peers: Path, peer_assets: Path, out: Path, args) -> dic
 
 def report(name: str, results: list[dict]) -> None:
     print(f"\n{name} ({len(results)} runs)")
-    print(f"  s/iter min/med/max            {_spread([r['median_s'] for r in results], '.3f')}")
+    print(f"  s/iter min/med/max            {spread([r['median_s'] for r in results], '.3f')}")
     print(f"  first iter s (median)         {statistics.median(r['first_s'] for r in results):.2f}")
     print(
         f"  gen tok/s (median)            {statistics.median(r['gen_tok_s'] for r in results):.0f}"
     )
-    print(f"  peak RSS MiB min/med/max      {_spread([r['rss_mib'] for r in results], '.0f')}")
+    print(f"  peak RSS MiB min/med/max      {spread([r['rss_mib'] for r in results], '.0f')}")
     rewards = results[0]["rewards"]
     print(
         f"  reward iter 1 -> last 3 (run 1) {rewards[0]:.3f} -> {statistics.mean(rewards[-3:]):.3f}"

@@ -32,20 +32,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import resource
 import shlex
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
+from common import MachineLoad, peak_rss_mib  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForSequenceClassification,
     GPT2Config,
@@ -57,9 +52,6 @@ from rlhfkit.models import RewardModel, ValueModel, load_causal_lm, load_tokeniz
 from rlhfkit.scorers import RewardModelScorer  # noqa: E402
 from rlhfkit.trainers.ppo import PPOTrainer  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train import _busy_cpu_s, _own_cpu_s  # noqa: E402
 
 BASE_ASSET = Path(__file__).resolve().parents[1] / "src" / "rlhfkit" / "assets" / "base"
 
@@ -205,7 +197,7 @@ def main() -> None:
         reference=reference,
         critic=critic,
     )
-    busy0, own0, wall0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()
+    machine = MachineLoad()
     rows = []
     for it in range(args.iters):
         if args.profile and it == 2:
@@ -224,8 +216,6 @@ def main() -> None:
             f"kl {metrics['kl/ref']:.3f} approx_kl {metrics['policy/approx_kl']:.4f}",
             flush=True,
         )
-    wall = time.perf_counter() - wall0
-    foreign = max(0.0, (_busy_cpu_s() - busy0) - (_own_cpu_s() - own0)) / wall
     after_first = rows[1:]
 
     def median(key):
@@ -246,8 +236,8 @@ def main() -> None:
             k: median(f"time/{k}") for k in ("generate", "forward", "score", "update")
         },
         "gen_tokens_per_s": 32 * 32 / median("time/generate"),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "foreign_cores": foreign,
+        "peak_rss_mib": peak_rss_mib(),
+        "foreign_cores": machine.foreign_cores(),
         "score_first_last": [rows[0]["score/mean"], rows[-1]["score/mean"]],
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
     }

@@ -32,18 +32,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import MachineLoad, peak_rss_mib, spread  # noqa: E402
 
 # Reference only: copied from shared/peers/README.md (TRL 1.16.0, 3 runs, quiet 2-core CPU,
 # 2026-11-21), not measured here. Their data averages about 25 tokens per sequence.
@@ -56,18 +53,6 @@ SETTINGS = {  # per bench: examples per step, learning rate
     "sft": {"batch_size": 16, "learning_rate": 1e-4},
     "rm": {"batch_size": 8, "learning_rate": 5e-5},
 }
-
-
-def _busy_cpu_s() -> float:
-    """Machine-wide busy CPU seconds since boot (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        values = [int(x) for x in f.readline().split()[1:]]
-    return (sum(values[:8]) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 # ----------------------------------------------------------------------------- assets
@@ -145,7 +130,7 @@ def child(bench: str, prepared: dict, out: Path, steps: int, threads: int) -> di
     from rlhfkit.config import RewardConfig, SFTConfig
     from rlhfkit.tracking import read_jsonl
 
-    busy0, own0, wall0 = _busy_cpu_s(), _own_cpu_s(), time.perf_counter()
+    machine = MachineLoad()
     common = dict(
         model=prepared["model"], output_dir=str(out), eval_data=None, max_steps=steps,
         max_length=128, lr_scheduler="constant", max_grad_norm=1.0, log_every=1, cpu=True,
@@ -163,7 +148,6 @@ def child(bench: str, prepared: dict, out: Path, steps: int, threads: int) -> di
         config = RewardConfig(train_data=prepared["prefs"], **common)
     run(config)
     tokens = [_token_count(e) for e in _examples(config, load)]
-    wall = time.perf_counter() - wall0
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/step_seconds" in r]
     times = [r["train/step_seconds"] for r in rows]
     median = statistics.median(times[1:])
@@ -171,10 +155,10 @@ def child(bench: str, prepared: dict, out: Path, steps: int, threads: int) -> di
         "median_s": median,
         "first_s": times[0],
         "tok_s": statistics.mean(tokens) * config.batch_size / median,
-        "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_mib": peak_rss_mib(),
         "loss_first": rows[0]["train/loss"],
         "loss_last": rows[-1]["train/loss"],
-        "foreign_cores": max(0.0, _busy_cpu_s() - busy0 - (_own_cpu_s() - own0)) / wall,
+        "foreign_cores": machine.foreign_cores(),
     }
 
 
@@ -228,17 +212,12 @@ def run_trl(bench: str, work: Path, run: int, args: argparse.Namespace) -> dict:
 
 
 # ----------------------------------------------------------------------------- report
-def _spread(values: list[float], fmt: str) -> str:
-    low, mid, high = min(values), statistics.median(values), max(values)
-    return f"{low:{fmt}} / {mid:{fmt}} / {high:{fmt}}"
-
-
 def _column(results: list[dict]) -> list[str]:
     return [
-        _spread([r["median_s"] for r in results], ".3f"),
+        spread([r["median_s"] for r in results], ".3f"),
         f"{statistics.median(r['first_s'] for r in results):.2f}",
         f"{statistics.median(r['tok_s'] for r in results):.0f}",
-        _spread([r["rss_mib"] for r in results], ".0f"),
+        spread([r["rss_mib"] for r in results], ".0f"),
         f"{results[0]['loss_first']:.4f} -> {results[0]['loss_last']:.4f}",
         f"{max(r['foreign_cores'] for r in results):.2f}",
     ]

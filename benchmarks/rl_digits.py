@@ -41,17 +41,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shlex
 import statistics
 import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402, F401  (offline settings, before torch)
 import torch  # noqa: E402
 
 from rlhfkit.data import load_prompts  # noqa: E402
@@ -131,12 +128,12 @@ def evaluate(models: dict[str, Path], args) -> dict[str, dict]:
     )
     reference = freeze(load_causal_lm(BASE_MODEL_DIR, tokenizer=tokenizer))
     sampling = SamplingConfig(args.max_new_tokens, 1.0)
-    common = {"reward": None, "gold": gold_scorer("digits"), "seed": EVAL_SEED, "batch_size": 64}
-    base = evaluate_policy(reference, reference, tokenizer, prompts, sampling, **common)
+    settings = {"reward": None, "gold": gold_scorer("digits"), "seed": EVAL_SEED, "batch_size": 64}
+    base = evaluate_policy(reference, reference, tokenizer, prompts, sampling, **settings)
     rows = {"base": {**summarize("base", base, base), "examples": base.responses[:4]}}
     for name, path in models.items():
         policy = freeze(load_causal_lm(path, tokenizer=tokenizer))
-        samples = evaluate_policy(policy, reference, tokenizer, prompts, sampling, **common)
+        samples = evaluate_policy(policy, reference, tokenizer, prompts, sampling, **settings)
         rows[name] = {**summarize(name, samples, base), "examples": samples.responses[:4]}
     return rows
 
