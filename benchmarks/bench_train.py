@@ -131,7 +131,7 @@ def child(bench: str, prepared: dict, out: Path, steps: int, threads: int) -> di
     from rlhfkit.tracking import read_jsonl
 
     machine = MachineLoad()
-    common = dict(
+    fields = dict(
         model=prepared["model"], output_dir=str(out), eval_data=None, max_steps=steps,
         max_length=128, lr_scheduler="constant", max_grad_norm=1.0, log_every=1, cpu=True,
         seed=42, resume=False, **SETTINGS[bench],
@@ -140,12 +140,12 @@ def child(bench: str, prepared: dict, out: Path, steps: int, threads: int) -> di
         from rlhfkit.trainers.sft import load_demonstrations as load
         from rlhfkit.trainers.sft import run_sft as run
 
-        config = SFTConfig(train_data=prepared["sft"], columns={"response": "completion"}, **common)
+        config = SFTConfig(train_data=prepared["sft"], columns={"response": "completion"}, **fields)
     else:
         from rlhfkit.trainers.reward import load_preferences as load
         from rlhfkit.trainers.reward import run_reward as run
 
-        config = RewardConfig(train_data=prepared["prefs"], **common)
+        config = RewardConfig(train_data=prepared["prefs"], **fields)
     run(config)
     tokens = [_token_count(e) for e in _examples(config, load)]
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/step_seconds" in r]

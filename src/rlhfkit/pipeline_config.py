@@ -137,10 +137,8 @@ def stage_configs(config: PipelineConfig) -> Stages:
         reward_model=str(reward.final_dir),
         output_dir=str(run / "ppo"),
         train_data=config.data("prompts"),
-        train_split="train",
         eval_data=config.data("prompts"),
-        eval_split="test",
-        seed=seed,
+        **split,
     )
     dpo = _build(
         DPOConfig,
