@@ -47,6 +47,7 @@ from accelerate import Accelerator
 from accelerate.utils import send_to_device, set_seed
 from torch import nn
 
+from rlhfkit.allocator import retain_freed_memory
 from rlhfkit.config import TrainConfig
 from rlhfkit.models import atomic_dir, prepare_model
 from rlhfkit.tracking import Tracker
@@ -125,6 +126,8 @@ class Trainer:
         self.collate_fn = collate_fn
         self.tokenizer = tokenizer
         self.output_dir = Path(config.output_dir)
+        if self.accelerator.device.type == "cpu":
+            retain_freed_memory()  # no page faults on each step's activations
         prepare_model(model, config.attention)
         self.model, self.optimizer = self.accelerator.prepare(model, build_optimizer(model, config))
         self.state = TrainerState(total_steps=self._count_total_steps())

@@ -36,6 +36,7 @@ import torch
 from accelerate.utils import set_seed
 from torch import nn
 
+from rlhfkit.allocator import retain_freed_memory
 from rlhfkit.data import (
     IGNORE_INDEX,
     PromptCollator,
@@ -116,6 +117,8 @@ class PPOTrainer(PPOCheckpoints):
         # cannot change, and a pipeline runs fp32 SFT before a bf16 PPO in one process.
         device = torch.device("cuda" if torch.cuda.is_available() and not config.cpu else "cpu")
         self.device = device
+        if device.type == "cpu":
+            retain_freed_memory()  # no page faults on each step's activations
         for model in (policy, reference, critic):
             if model is not None:
                 model.to(device)
