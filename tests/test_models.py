@@ -289,23 +289,33 @@ def test_atomic_save_replaces_and_survives_crash(tmp_path, tiny_model, tiny_toke
     torch.testing.assert_close(_logits(AutoModelForCausalLM.from_pretrained(path), ids), saved)
 
 
-def test_prepare_model_fuses_gelu_and_sets_attention_without_changing_outputs(tiny_model_dir):
+def test_loading_and_prepare_model_fuse_gelu_and_set_attention_without_changing_outputs(
+    tiny_model_dir,
+):
     from transformers.activations import NewGELUActivation
 
     from rlhfkit.models import TanhGELU
 
+    def fused(m):
+        return not any(type(mod) is NewGELUActivation for mod in m.modules()) and any(
+            type(mod) is TanhGELU for mod in m.modules()
+        )
+
+    stock = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    assert not fused(stock)
     model = load_causal_lm(tiny_model_dir).eval()
     reward = RewardModel.from_pretrained(tiny_model_dir).eval()
+    assert fused(model) and fused(reward)  # every model rlhfkit loads
     ids = torch.tensor([[5, 17, 42, 99, 7], [8, 3, 250, 11, 64]])
     with torch.no_grad():
-        before = model(ids).logits
+        stock_logits = stock(ids).logits
         score_before = reward(ids, torch.ones_like(ids))
-    for m in (model, add_lora(reward, r=2)):
+    for m in (stock, model, add_lora(reward, r=2)):  # and every model a trainer is handed
         prepare_model(m, "eager")
-        assert not any(type(mod) is NewGELUActivation for mod in m.modules())
-        assert any(type(mod) is TanhGELU for mod in m.modules())
+        assert fused(m)
         transformers = [mod for mod in m.modules() if hasattr(mod, "set_attn_implementation")]
         assert transformers and all(t.config._attn_implementation == "eager" for t in transformers)
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, before, atol=1e-5, rtol=1e-5)
+        for m in (stock, model):
+            torch.testing.assert_close(m(ids).logits, stock_logits, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(reward(ids, torch.ones_like(ids)), score_before)

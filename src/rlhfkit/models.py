@@ -105,7 +105,8 @@ def load_causal_lm(
     gguf_file: str | None = None,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """Load a causal LM by hub name or local path, matched to ``tokenizer`` when given."""
+    """Load a causal LM by hub name or local path, matched to ``tokenizer`` when given, with
+    the fused GELU (``fuse_gelu``)."""
     model = AutoModelForCausalLM.from_pretrained(
         name_or_path,
         dtype=dtype,
@@ -115,7 +116,7 @@ def load_causal_lm(
     )
     if tokenizer is not None:
         _resize_for(model, tokenizer)
-    return model
+    return fuse_gelu(model)
 
 
 def freeze(model: nn.Module) -> nn.Module:
@@ -148,7 +149,9 @@ def fuse_gelu(model: nn.Module) -> nn.Module:
     ``NewGELUActivation`` runs ~8 elementwise kernels forward and more backward; torch's
     ``gelu(approximate="tanh")`` is the same function to float rounding in one kernel, about
     5x faster on CPU, and under bf16 autocast ``ops.gelu_tanh`` reads it from a table, 2-3x
-    faster again. Every trainer does this.
+    faster again. Every model rlhfkit loads gets it (training, evaluation, sampling, chat),
+    and every trainer gives it to the models it is handed. The weights and the saved model
+    are untouched: a checkpoint loads into stock transformers as before.
     """
     for module in model.modules():
         for name, child in module.named_children():
@@ -307,12 +310,13 @@ def _load_backbone(path_or_name, head_config, dtype, revision, trust_remote_code
     if head_config is not None and head_config.get("lora"):
         # The directory holds only the adapter; the base weights come from where it says.
         base_path = PeftConfig.from_pretrained(path_or_name).base_model_name_or_path
-        base = AutoModel.from_pretrained(base_path, dtype=dtype)
+        base = fuse_gelu(AutoModel.from_pretrained(base_path, dtype=dtype))
         return PeftModel.from_pretrained(base, path_or_name, revision=revision, is_trainable=True)
     # For a causal LM checkpoint AutoModel keeps the base transformer and drops the LM head.
-    return AutoModel.from_pretrained(
+    backbone = AutoModel.from_pretrained(
         path_or_name, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
     )
+    return fuse_gelu(backbone)
 
 
 # --------------------------------------------------------------------------- atomic save
