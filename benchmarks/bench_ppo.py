@@ -21,7 +21,8 @@ the command line. ``--profile`` prints torch.profiler's top operators for one it
 Default setting (the fastest correct one measured): bf16 autocast with fp32 master weights and
 fp32 loss math, eager attention (torch's CPU flash-attention backward is slow in bf16), fused
 AdamW and the table GELU (``ops.gelu_tanh``; both done by ``PPOTrainer``), policy and critic
-updated side by side on one core each (``--one-after-the-other`` turns that off). On a busy machine use
+updated side by side on one core each, and the rollout's passes in two such halves
+(``--one-after-the-other`` turns both off). On a busy machine use
 ``--threads 1``: two OpenMP threads that get descheduled wait on each other (10x slower).
 
     .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets   # bf16, eager
@@ -159,7 +160,7 @@ def main() -> None:
     ap.add_argument(
         "--one-after-the-other",
         action="store_true",
-        help="policy and critic take turns in the update (default: side by side on a CPU)",
+        help="models take turns in the rollout's passes and the update (default: side by side)",
     )
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
@@ -211,7 +212,7 @@ def main() -> None:
         rows.append(metrics)
         print(
             f"iter {it + 1}: {metrics['time/iteration']:.3f}s (gen {metrics['time/generate']:.3f} "
-            f"fwd {metrics['time/forward']:.3f} score {metrics['time/score']:.3f} "
+            f"fwd+score {metrics['time/forward']:.3f} (score {metrics['time/score']:.3f}) "
             f"update {metrics['time/update']:.3f}) score {metrics['score/mean']:.3f} "
             f"kl {metrics['kl/ref']:.3f} approx_kl {metrics['policy/approx_kl']:.4f}",
             flush=True,

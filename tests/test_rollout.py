@@ -2,6 +2,7 @@
 alignment, GAE and whitening, minibatch selection."""
 
 import dataclasses
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +22,7 @@ from rlhfkit.rollout import (
     make_rollout,
     sequence_inputs,
 )
-from rlhfkit.scorers import FunctionScorer
+from rlhfkit.scorers import FunctionScorer, ScoreError
 
 EOS, PAD, VOCAB = 0, 1, 12
 
@@ -75,13 +76,22 @@ def _table(seed=0):
     return table
 
 
-def _rollout(table=None, kl_coef=0.0, temperature=1.0, greedy=False, scorer=None, **settings):
+def _rollout(
+    table=None,
+    kl_coef=0.0,
+    temperature=1.0,
+    greedy=False,
+    scorer=None,
+    critic=None,
+    parallel=False,
+    **settings,
+):
     query, query_mask = pad([[3, 4, 5], [7], [2, 6]], PAD, side="left")  # ragged, left-padded
     policy = BigramLM(_table() if table is None else table)
     reference = BigramLM(_table(seed=1))
     sampling = SamplingConfig(max_new_tokens=5, temperature=temperature, greedy=greedy)
     return make_rollout(
-        RolloutModels(policy, reference, PositionCritic()),
+        RolloutModels(policy, reference, critic or PositionCritic()),
         scorer or FunctionScorer(lambda p, r: [float(len(x)) for x in r]),
         query,
         query_mask,
@@ -90,6 +100,7 @@ def _rollout(table=None, kl_coef=0.0, temperature=1.0, greedy=False, scorer=None
         kl_coef=kl_coef,
         moments=RunningMoments(),
         generator=torch.Generator().manual_seed(0),
+        parallel=parallel,
     )
 
 
@@ -161,6 +172,42 @@ def test_chunked_forward_gives_the_same_rollout():
     whole, chunked = _rollout(kl_coef=0.1), _rollout(kl_coef=0.1, forward_batch_size=2)
     for name in ("logprobs", "ref_logprobs", "values", "rewards", "advantages"):
         assert torch.allclose(getattr(whole, name), getattr(chunked, name), atol=1e-6), name
+
+
+def test_side_by_side_passes_give_the_same_rollout(two_threads):
+    meet = {}  # with parallel: critic and scorer must be running at once, or the barrier breaks
+
+    class MeetingCritic(PositionCritic):
+        def forward(self, input_ids, attention_mask):
+            if "barrier" in meet:
+                meet["barrier"].wait()
+            return super().forward(input_ids, attention_mask)
+
+    def score(prompts, responses):
+        if "barrier" in meet:
+            meet["barrier"].wait()
+        return [float(len(r)) for r in responses]
+
+    runs = {}
+    for parallel in (False, True):
+        if parallel:
+            meet["barrier"] = threading.Barrier(2, timeout=30)
+        runs[parallel] = _rollout(
+            kl_coef=0.1, scorer=FunctionScorer(score), critic=MeetingCritic(), parallel=parallel
+        )
+    for field in dataclasses.fields(Rollout):
+        if field.name != "timings":
+            a, b = getattr(runs[False], field.name), getattr(runs[True], field.name)
+            assert torch.equal(a, b) if torch.is_tensor(a) else a == b, field.name
+    assert set(runs[True].timings) == {"generate", "forward", "score"}
+
+
+def test_a_failing_scorer_beside_the_passes_names_the_sample(two_threads):
+    def score(prompts, responses):
+        return [float("nan") if r == "" else 1.0 for r in responses]
+
+    with pytest.raises(ScoreError, match="non-finite score nan"):
+        _rollout(scorer=FunctionScorer(score), parallel=True)
 
 
 def test_select_trims_unused_padding_and_keeps_masked_results():

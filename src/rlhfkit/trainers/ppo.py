@@ -22,7 +22,8 @@ optimiser and loss math; AdamW is the fused kernel; GPT-2's Python GELU is repla
 kernel, read from a table in bf16, in every model including the reward model
 (``models.prepare_model``); the rollout's entropy is logged instead of a per-minibatch
 (b, Tr, V) entropy pass when there is no entropy bonus; on a CPU, policy and
-separate critic learn side by side, each on half the cores (``ppo_update.py``).
+separate critic learn side by side, each on half the cores (``ppo_update.py``), and the
+rollout's policy and critic passes run beside its reference pass and scoring (``rollout.py``).
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ class PPOTrainer(PPOCheckpoints):
             self.moments,
             self.sample_generator,
             self.autocast,
+            self.parallel,
         )
         update_started = time.perf_counter()
         metrics = {**rollout_stats(rollout), **self.update(rollout)}
@@ -338,6 +340,7 @@ class PPOTrainer(PPOCheckpoints):
                     RunningMoments(),
                     generator,
                     self.autocast,
+                    self.parallel,
                 )
                 totals = (rollout.raw_scores, rollout.kl, rollout.response_mask)
                 accumulate(

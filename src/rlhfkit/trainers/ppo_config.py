@@ -108,8 +108,10 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     forward_batch_size: int | None = None
     """Rows per no-grad forward pass in the rollout; None = the whole rollout batch."""
     parallel_critic: bool | None = None
-    """Update policy and separate critic side by side, each on half the CPU threads (the
-    same steps, up to float rounding; faster for small models). None: on CPU, not on GPU."""
+    """Run independent model work side by side, each on half the CPU threads: the policy's
+    and the separate critic's updates (the same steps, up to float rounding), and in the
+    rollout the policy and critic passes beside the reference pass and the scorer. Faster
+    for small models. None: on CPU, not on GPU."""
     sample_every: int = 10
     """Log sample texts (prompt, response, score) every this many iterations."""
     num_samples: int = 4
