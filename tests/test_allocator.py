@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from rlhfkit import allocator
 
@@ -25,7 +26,7 @@ STEPS = textwrap.dedent(
     from rlhfkit.allocator import retain_freed_memory
 
     if sys.argv[1] == "retain":
-        assert retain_freed_memory()
+        assert retain_freed_memory(torch.device("cpu"))
     torch.manual_seed(0)
     torch.set_num_threads(1)
     config = GPT2Config(n_layer=4, n_head=4, n_embd=256, n_positions=64, vocab_size=4096)
@@ -68,11 +69,15 @@ def test_training_steps_take_no_page_faults_once_freed_memory_is_retained():
 def test_glibc_accepts_the_thresholds(monkeypatch):
     for name in allocator.USER_SETTINGS:
         monkeypatch.delenv(name, raising=False)
-    assert allocator.retain_freed_memory.__wrapped__()
+    assert allocator._set_thresholds.__wrapped__()
 
 
 @glibc
 @pytest.mark.parametrize("name", allocator.USER_SETTINGS)
 def test_a_users_malloc_settings_are_kept(monkeypatch, name):
     monkeypatch.setenv(name, "1")
-    assert not allocator.retain_freed_memory.__wrapped__()
+    assert not allocator._set_thresholds.__wrapped__()
+
+
+def test_only_a_cpu_trainer_changes_the_thresholds():
+    assert not allocator.retain_freed_memory(torch.device("meta"))

@@ -11,7 +11,7 @@ from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
 from rlhfkit.lora import add_lora
 from rlhfkit.models import ValueModel
-from rlhfkit.rollout import ValueHeadLM
+from rlhfkit.passes import ValueHeadLM
 from rlhfkit.scorers import RewardModelScorer
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import OPTIMIZER_FILE

@@ -12,15 +12,14 @@ from rlhfkit.data import pad
 from rlhfkit.generation import SamplingConfig
 from rlhfkit.ops.advantages import gae
 from rlhfkit.ops.masks import last_token_index, masked_mean
+from rlhfkit.passes import critic_values, sequence_inputs
 from rlhfkit.rewards import RunningMoments, ScoreOptions
 from rlhfkit.rollout import (
     Rollout,
     RolloutModels,
     RolloutSettings,
-    critic_values,
     explained_variance,
     make_rollout,
-    sequence_inputs,
 )
 from rlhfkit.scorers import FunctionScorer, ScoreError
 

@@ -18,7 +18,7 @@ step against 77-102 ms); the whole benchmark's process took 420-580 thousand fau
 233-247 thousand, and a median of 1.555 s per iteration against 1.65 s (five alternating
 runs each). ``tests/test_allocator.py`` shows the same on a plain GPT-2 training step.
 
-The trainers call it when they run on a CPU. A user's own malloc settings (``GLIBC_TUNABLES``
+Every trainer calls it with its device. A user's own malloc settings (``GLIBC_TUNABLES``
 or ``MALLOC_*_`` variables) take precedence: the thresholds are then left as they are.
 """
 
@@ -31,6 +31,8 @@ import logging
 import os
 import platform
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
@@ -40,11 +42,17 @@ TRIM_THRESHOLD = 2**30
 USER_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
-@functools.cache
-def retain_freed_memory() -> bool:
-    """Raise glibc's mmap and trim thresholds for this process, once; whether they were set.
+def retain_freed_memory(device: torch.device) -> bool:
+    """Raise glibc's mmap and trim thresholds for this process, once, when ``device`` (the
+    one a trainer runs on) is the CPU; whether they are set.
 
-    Does nothing (returns False) off Linux with glibc, or when the user set malloc options."""
+    Does nothing (returns False) for another device, off Linux with glibc, or when the user
+    set malloc options."""
+    return device.type == "cpu" and _set_thresholds()
+
+
+@functools.cache
+def _set_thresholds() -> bool:
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     if any(name in os.environ for name in USER_SETTINGS):

@@ -39,7 +39,7 @@ from rlhfkit.generation import SamplingConfig
 from rlhfkit.lora import reference_mode
 from rlhfkit.ops.logprobs import token_logprobs
 from rlhfkit.ops.masks import masked_sum
-from rlhfkit.rollout import response_logits, sequence_inputs
+from rlhfkit.passes import response_logits, sequence_inputs
 from rlhfkit.sampling import best_of_n_expected, best_of_n_kl, model_device, sample_responses
 from rlhfkit.scorers import FunctionScorer, ScoreInput, Scorer
 from rlhfkit.tasks import REWARD_FUNCTIONS, distinct_n

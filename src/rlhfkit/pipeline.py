@@ -109,7 +109,7 @@ class PPOEvalPoints:
         self.done = {row["step"] for row in read_jsonl(self.dir / "metrics.jsonl")}
 
     def record(self, iteration: int) -> None:
-        from rlhfkit.rollout import causal_lm
+        from rlhfkit.passes import causal_lm
 
         if iteration in self.done:
             return

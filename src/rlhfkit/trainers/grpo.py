@@ -40,8 +40,8 @@ from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
+from rlhfkit.passes import response_logits, sequence_inputs
 from rlhfkit.rewards import RunningMoments, ScoreOptions, process_scores
-from rlhfkit.rollout import response_logits, sequence_inputs
 from rlhfkit.scorers import ScoreInput, Scorer, build_scorer
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.grpo_config import GRPOConfig

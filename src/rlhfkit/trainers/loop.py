@@ -126,8 +126,7 @@ class Trainer:
         self.collate_fn = collate_fn
         self.tokenizer = tokenizer
         self.output_dir = Path(config.output_dir)
-        if self.accelerator.device.type == "cpu":
-            retain_freed_memory()  # no page faults on each step's activations
+        retain_freed_memory(self.accelerator.device)  # no page faults on each step's activations
         prepare_model(model, config.attention)
         self.model, self.optimizer = self.accelerator.prepare(model, build_optimizer(model, config))
         self.state = TrainerState(total_steps=self._count_total_steps())

@@ -16,14 +16,10 @@ clipped per model (the value loss's larger gradients would otherwise shrink the 
 step); minibatch order comes from a seeded generator saved in checkpoints, so a resumed run
 is exact; padding columns a minibatch does not use are trimmed before its forward pass.
 
-Speed (measured on the issue's CPU workload, see benchmarks/bench_ppo.py): the LM head runs
-only on response positions (``logits_to_keep``); optional bf16 autocast keeps fp32 weights,
-optimiser and loss math; AdamW is the fused kernel; GPT-2's Python GELU is replaced by one
-kernel, read from a table in bf16, in every model including the reward model
-(``models.prepare_model``); the rollout's entropy is logged instead of a per-minibatch
-(b, Tr, V) entropy pass when there is no entropy bonus; on a CPU, policy and
-separate critic learn side by side, each on half the cores (``ppo_update.py``), and the
-rollout's policy and critic passes run beside its reference pass and scoring (``rollout.py``).
+Speed (docs/ppo.md, benchmarks/bench_ppo.py): the LM head runs only on response positions;
+optional bf16 autocast keeps fp32 weights, optimiser and loss math; every model runs the fused
+GELU (``models.prepare_model``); on a CPU, independent model work runs side by side on half
+the cores each (``ppo_update.py`` for the update, ``rollout.py`` for the rollout's passes).
 """
 
 from __future__ import annotations
@@ -50,18 +46,20 @@ from rlhfkit.models import disable_dropout, freeze, load_tokenizer, prepare_mode
 from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
+from rlhfkit.passes import (
+    ValueHeadLM,
+    causal_lm,
+    critic_values,
+    response_logits,
+    sequence_inputs,
+)
 from rlhfkit.rewards import AdaptiveKLController, FixedKLController, RunningMoments
 from rlhfkit.rollout import (
     Rollout,
     RolloutModels,
-    ValueHeadLM,
-    causal_lm,
-    critic_values,
     load_rollout_models,
     make_rollout,
-    response_logits,
     rollout_stats,
-    sequence_inputs,
 )
 from rlhfkit.scorers import Scorer, as_scorer, build_scorer
 from rlhfkit.tracking import Tracker
@@ -118,8 +116,7 @@ class PPOTrainer(PPOCheckpoints):
         # cannot change, and a pipeline runs fp32 SFT before a bf16 PPO in one process.
         device = torch.device("cuda" if torch.cuda.is_available() and not config.cpu else "cpu")
         self.device = device
-        if device.type == "cpu":
-            retain_freed_memory()  # no page faults on each step's activations
+        retain_freed_memory(device)  # no page faults on each step's activations
         for model in (policy, reference, critic):
             if model is not None:
                 model.to(device)

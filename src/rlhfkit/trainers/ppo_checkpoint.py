@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from rlhfkit.models import atomic_dir
-from rlhfkit.rollout import causal_lm
+from rlhfkit.passes import causal_lm
 from rlhfkit.tracking import Tracker
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import OPTIMIZER_FILE

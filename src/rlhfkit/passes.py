@@ -1,0 +1,101 @@
+"""The passes of a policy, its critic and its reference over query + response side by side:
+the model inputs, the logits of the response tokens, the critic's values.
+
+Shared by PPO's rollout and update (``rollout.py``, ``trainers/ppo.py``), GRPO and the
+measures of ``evaluate``, so that every one of them reads the same positions.
+
+Values: the critic's value V(s_t) for response token t is read at the position that predicts
+it (the last query token for t = 0), as in TRL: ``values[:, Tq - 1 : -1]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from rlhfkit.ops.masks import position_ids_from_mask
+
+
+class ValueHeadLM(nn.Module):
+    """A causal LM with a scalar value head on its last hidden state (shared trunk).
+
+    The alternative to a separate critic: lm-human-preferences' and TRL's
+    ``AutoModelForCausalLMWithValueHead``. One forward gives the logits and the values.
+    """
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+        self.value_head = nn.Linear(lm.config.hidden_size, 1)
+        # Zero init: values start at 0, so the first updates do not throw the shared trunk off.
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @property
+    def config(self):
+        return self.lm.config
+
+    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep=0):
+        out = self.lm(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            output_hidden_states=True,
+            logits_to_keep=logits_to_keep,
+        )
+        hidden = out.hidden_states[-1]  # (B, T, H), after the final layer norm
+        values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # (B, T)
+        return out.logits, values
+
+
+def causal_lm(policy: nn.Module) -> nn.Module:
+    """The language model inside ``policy`` (itself unless it is a ``ValueHeadLM``)."""
+    return policy.lm if isinstance(policy, ValueHeadLM) else policy
+
+
+def sequence_inputs(
+    query: torch.Tensor,
+    query_mask: torch.Tensor,
+    response: torch.Tensor,
+    response_mask: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Model inputs for query + response side by side, positions from the mask."""
+    input_ids = torch.cat([query, response], dim=1)  # (B, Tq + Tr)
+    attention_mask = torch.cat([query_mask, response_mask], dim=1).long()  # (B, Tq + Tr)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+    }
+
+
+def response_logits(
+    model: nn.Module, inputs: dict[str, torch.Tensor], response_len: int, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits over the response tokens (B, Tr, V), divided by ``temperature``, and the values
+    (B, Tr) when ``model`` is a ``ValueHeadLM`` (else None).
+
+    Only the ``Tr`` positions that predict response tokens (from the last query token on, the
+    last response token excluded) go through the LM head: ``logits_to_keep`` as positions, not
+    a slice of the logits, whose backward would fill a (B, Tr + 1, V) buffer.
+    """
+    length = inputs["input_ids"].shape[1]
+    keep = torch.arange(length - response_len - 1, length - 1, device=inputs["input_ids"].device)
+    if isinstance(model, ValueHeadLM):
+        logits, values = model(**inputs, logits_to_keep=keep)
+        values = values[:, -response_len - 1 : -1]  # (B, Tr), the same positions
+    else:
+        logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
+        values = None
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits, values
+
+
+def critic_values(
+    critic: nn.Module, inputs: dict[str, torch.Tensor], response_len: int
+) -> torch.Tensor:
+    """Values (B, Tr) of a separate critic (``models.ValueModel``) for each response token."""
+    values = critic(inputs["input_ids"], inputs["attention_mask"])  # (B, Tq + Tr)
+    return values[:, -response_len - 1 : -1].float()
