@@ -162,6 +162,11 @@ def main() -> None:
         action="store_true",
         help="models take turns in the rollout's passes and the update (default: side by side)",
     )
+    ap.add_argument(
+        "--padded",
+        action="store_true",
+        help="passes over query + response with their padding (default: padding-free)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -188,6 +193,7 @@ def main() -> None:
         tensorboard=False,
         attn_implementation=args.attn,
         parallel_critic=False if args.one_after_the_other else None,
+        padding_free=not args.padded,
     )
     trainer = PPOTrainer(
         config,
@@ -214,7 +220,8 @@ def main() -> None:
             f"iter {it + 1}: {metrics['time/iteration']:.3f}s (gen {metrics['time/generate']:.3f} "
             f"fwd+score {metrics['time/forward']:.3f} (score {metrics['time/score']:.3f}) "
             f"update {metrics['time/update']:.3f}) score {metrics['score/mean']:.3f} "
-            f"kl {metrics['kl/ref']:.3f} approx_kl {metrics['policy/approx_kl']:.4f}",
+            f"kl {metrics['kl/ref']:.3f} approx_kl {metrics['policy/approx_kl']:.4f} "
+            f"length {metrics['response/length']:.1f}",
             flush=True,
         )
     after_first = rows[1:]
@@ -228,6 +235,7 @@ def main() -> None:
         "attention": config.attention or "the model's own (sdpa)",
         "threads": args.threads,
         "policy_and_critic": "one after the other" if args.one_after_the_other else "side by side",
+        "passes": "padded" if args.padded else "padding-free",
         "iterations": len(rows),
         "sec_per_iter_median": median("time/iteration"),
         "sec_per_iter_min": min(r["time/iteration"] for r in after_first),

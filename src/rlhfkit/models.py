@@ -210,20 +210,31 @@ class ScalarHeadModel(nn.Module):
         return cls(model.base_model, per_token=per_token)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, per_token: bool | None = None
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        per_token: bool | None = None,
+        position_ids: torch.Tensor | None = None,
+        **kwargs,
     ) -> torch.Tensor:
+        """``kwargs`` go to the backbone (``packed_rows`` of ``packing.PackedRows.inputs``,
+        whose values come back (1, L): per token only)."""
         per_token = self.per_token if per_token is None else per_token
-        # Positions from the mask: left padding must not shift the real tokens' positions.
-        position_ids = position_ids_from_mask(attention_mask)  # (B, T)
+        if position_ids is None:
+            # From the mask: left padding must not shift the real tokens' positions.
+            position_ids = position_ids_from_mask(attention_mask)  # (B, T)
         hidden = self.backbone(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=False,
+            **kwargs,
         ).last_hidden_state  # (B, T, H)
         values = self.score(hidden.to(self.score.weight.dtype)).squeeze(-1)  # (B, T)
         if per_token:
             return values
+        if "packed_rows" in kwargs:
+            raise ValueError("packed inputs give values per token only (per_token=True)")
         last = last_token_index(attention_mask)  # (B,)
         return values.gather(1, last[:, None]).squeeze(1)  # (B,)
 

@@ -6,6 +6,10 @@ measures of ``evaluate``, so that every one of them reads the same positions.
 
 Values: the critic's value V(s_t) for response token t is read at the position that predicts
 it (the last query token for t = 0), as in TRL: ``values[:, Tq - 1 : -1]``.
+
+Packed (``sequence_inputs(..., packed=True)``, ``packing.py``): the models see only the real
+tokens of query + response, and the logits and values are read back at the same positions
+of the padded layout, so every caller gets the same (B, Tr) tensors either way.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 from torch import nn
 
 from rlhfkit.ops.masks import position_ids_from_mask
+from rlhfkit.packing import PackedRows
 
 
 class ValueHeadLM(nn.Module):
@@ -35,7 +40,7 @@ class ValueHeadLM(nn.Module):
     def config(self):
         return self.lm.config
 
-    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep=0):
+    def forward(self, input_ids, attention_mask, position_ids, logits_to_keep=0, **kwargs):
         out = self.lm(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -43,6 +48,7 @@ class ValueHeadLM(nn.Module):
             use_cache=False,
             output_hidden_states=True,
             logits_to_keep=logits_to_keep,
+            **kwargs,
         )
         hidden = out.hidden_states[-1]  # (B, T, H), after the final layer norm
         values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # (B, T)
@@ -59,10 +65,15 @@ def sequence_inputs(
     query_mask: torch.Tensor,
     response: torch.Tensor,
     response_mask: torch.Tensor,
-) -> dict[str, torch.Tensor]:
-    """Model inputs for query + response side by side, positions from the mask."""
+    packed: bool = False,
+) -> dict:
+    """Model inputs for query + response side by side, positions from the mask; with
+    ``packed`` their real tokens only (``packing.PackedRows.inputs``: the models must have
+    ``packing.enable_packing``)."""
     input_ids = torch.cat([query, response], dim=1)  # (B, Tq + Tr)
     attention_mask = torch.cat([query_mask, response_mask], dim=1).long()  # (B, Tq + Tr)
+    if packed:
+        return PackedRows.from_mask(attention_mask).inputs(input_ids)
     return {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
@@ -70,32 +81,51 @@ def sequence_inputs(
     }
 
 
+def _predicting(inputs: dict, response_len: int) -> torch.Tensor:
+    """The columns (Tr,) of query + response whose outputs predict the response tokens: from
+    the last query token on, the last response token excluded."""
+    rows = inputs.get("packed_rows")
+    length = inputs["input_ids"].shape[1] if rows is None else rows.index.shape[1]
+    device = inputs["input_ids"].device
+    return torch.arange(length - response_len - 1, length - 1, device=device)
+
+
+def _read(outputs: torch.Tensor, inputs: dict, columns: torch.Tensor) -> torch.Tensor:
+    """Per-position ``outputs`` (B, T, ...), or (1, N, ...) packed, at ``columns``: (B, K, ...)."""
+    rows = inputs.get("packed_rows")
+    return outputs[:, columns] if rows is None else rows.read(outputs, columns)
+
+
 def response_logits(
-    model: nn.Module, inputs: dict[str, torch.Tensor], response_len: int, temperature: float
+    model: nn.Module, inputs: dict, response_len: int, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits over the response tokens (B, Tr, V), divided by ``temperature``, and the values
     (B, Tr) when ``model`` is a ``ValueHeadLM`` (else None).
 
-    Only the ``Tr`` positions that predict response tokens (from the last query token on, the
-    last response token excluded) go through the LM head: ``logits_to_keep`` as positions, not
-    a slice of the logits, whose backward would fill a (B, Tr + 1, V) buffer.
+    Only the ``Tr`` positions that predict response tokens go through the LM head:
+    ``logits_to_keep`` as positions, not a slice of the logits, whose backward would fill a
+    (B, Tr + 1, V) buffer.
     """
-    length = inputs["input_ids"].shape[1]
-    keep = torch.arange(length - response_len - 1, length - 1, device=inputs["input_ids"].device)
+    columns = _predicting(inputs, response_len)
+    rows = inputs.get("packed_rows")
+    keep = columns if rows is None else rows.keep(columns)
     if isinstance(model, ValueHeadLM):
         logits, values = model(**inputs, logits_to_keep=keep)
-        values = values[:, -response_len - 1 : -1]  # (B, Tr), the same positions
+        values = _read(values, inputs, columns)  # (B, Tr)
     else:
         logits = model(**inputs, use_cache=False, logits_to_keep=keep).logits
         values = None
+    if rows is not None:
+        logits = logits.view(rows.batch_size, response_len, -1)  # (B, Tr, V)
     if temperature != 1.0:
         logits = logits / temperature
     return logits, values
 
 
-def critic_values(
-    critic: nn.Module, inputs: dict[str, torch.Tensor], response_len: int
-) -> torch.Tensor:
+def critic_values(critic: nn.Module, inputs: dict, response_len: int) -> torch.Tensor:
     """Values (B, Tr) of a separate critic (``models.ValueModel``) for each response token."""
-    values = critic(inputs["input_ids"], inputs["attention_mask"])  # (B, Tq + Tr)
-    return values[:, -response_len - 1 : -1].float()
+    if "packed_rows" in inputs:
+        values = critic(**inputs)  # (1, L)
+    else:
+        values = critic(inputs["input_ids"], inputs["attention_mask"])  # (B, Tq + Tr)
+    return _read(values, inputs, _predicting(inputs, response_len)).float()

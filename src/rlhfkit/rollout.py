@@ -32,6 +32,7 @@ from rlhfkit.models import ValueModel, freeze, load_causal_lm
 from rlhfkit.ops.advantages import gae
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.masks import masked_mean, masked_var, masked_whiten
+from rlhfkit.packing import packing_enabled
 from rlhfkit.parallel import run_parallel
 from rlhfkit.passes import (
     ValueHeadLM,
@@ -69,6 +70,11 @@ class Rollout:
 
     def __len__(self) -> int:
         return self.query.shape[0]
+
+    @property
+    def sequences(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(query, query_mask, response, response_mask): ``passes.sequence_inputs``' arguments."""
+        return self.query, self.query_mask, self.response, self.response_mask
 
     def select(self, index: torch.Tensor) -> Rollout:
         """The rows ``index`` (a minibatch), with all-padding columns trimmed away.
@@ -138,6 +144,12 @@ class RolloutModels:
     policy: nn.Module
     reference: nn.Module | None
     critic: nn.Module | None
+
+    @property
+    def packed(self) -> bool:
+        """Whether every model takes packed inputs (``packing.enable_packing``), so that the
+        passes over query + response run on the real tokens only."""
+        return all(packing_enabled(m) for m in (self.policy, self.reference, self.critic) if m)
 
 
 def load_rollout_models(
@@ -249,11 +261,14 @@ def make_rollout(
     timings["generate"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    inputs = sequence_inputs(query, query_mask, out.response, out.response_mask)
     rows = torch.arange(len(query), device=query.device).split(
         settings.forward_batch_size or len(query)
     )
-    chunks = [({k: v[r] for k, v in inputs.items()}, out.response[r]) for r in rows]
+    sequences = (query, query_mask, out.response, out.response_mask)  # split into chunks
+    chunks = [
+        (sequence_inputs(*(x[r] for x in sequences), packed=models.packed), out.response[r])
+        for r in rows
+    ]
     temperature = settings.sampling.temperature
     batch = ScoreInput.from_ids(tokenizer, query, query_mask, out.response, out.response_mask)
 

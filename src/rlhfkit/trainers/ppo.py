@@ -46,6 +46,7 @@ from rlhfkit.models import disable_dropout, freeze, load_tokenizer, prepare_mode
 from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
+from rlhfkit.packing import enable_packing
 from rlhfkit.passes import (
     ValueHeadLM,
     causal_lm,
@@ -121,6 +122,8 @@ class PPOTrainer(PPOCheckpoints):
             if model is not None:
                 model.to(device)
                 prepare_model(model, config.attention)
+                if config.padding_free:
+                    enable_packing(model)
                 if config.disable_dropout:
                     disable_dropout(model)
         if reference is not None:
@@ -130,6 +133,7 @@ class PPOTrainer(PPOCheckpoints):
         for model in self.scorer.models():  # a reward model: the same GELU and attention
             prepare_model(model, config.attention)
         self.models = RolloutModels(policy, reference, critic)
+        self.packed = self.models.packed  # the update's passes as the rollout's
         self.trainable = nn.ModuleDict({"policy": policy, **({"critic": critic} if critic else {})})
         steps = config.total_optimizer_steps(len(prompts))
         losses = {"policy": self._policy_loss, "critic": self._critic_loss}
@@ -201,7 +205,7 @@ class PPOTrainer(PPOCheckpoints):
         """The clipped policy loss of one micro-batch, minus the entropy bonus, plus ptx (and
         plus the value loss when the critic is a value head on the policy's trunk)."""
         cfg = self.config
-        inputs = sequence_inputs(mb.query, mb.query_mask, mb.response, mb.response_mask)
+        inputs = sequence_inputs(*mb.sequences, packed=self.packed)
         logits, values = response_logits(self.policy, inputs, mb.response.shape[1], cfg.temperature)
         mb_logprobs = token_logprobs(logits, mb.response)  # (b, Tr)
         mask = mb.response_mask
@@ -231,7 +235,7 @@ class PPOTrainer(PPOCheckpoints):
 
     def _critic_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The separate critic's share of the loss on one micro-batch."""
-        inputs = sequence_inputs(mb.query, mb.query_mask, mb.response, mb.response_mask)
+        inputs = sequence_inputs(*mb.sequences, packed=self.packed)
         return self._value_loss(critic_values(self.critic, inputs, mb.response.shape[1]), mb)
 
     def _value_loss(
