@@ -48,19 +48,21 @@ def test_advantage_dispatch_by_hand(tmp_path):
     torch.testing.assert_close(rloo, torch.tensor([1 - 11 / 3, 2 - 10 / 3, 0.0, 4.0]))
 
 
-def test_loss_and_gradient_equal_a_plain_loop(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_loss_and_gradient_equal_a_plain_loop(padding_free, tiny_tokenizer, tmp_path):
     scorer = TargetFraction()
     beta = 0.1
     prompts = tiny_prompts(tiny_tokenizer)
     reference = tiny_lm(tiny_tokenizer, seed=1)  # differs from the policy: the KL term is not 0
     trainer = GRPOTrainer(
-        _config(tmp_path, beta=beta),
+        _config(tmp_path, beta=beta, padding_free=padding_free),
         tiny_lm(tiny_tokenizer),
         tiny_tokenizer,
         prompts,
         scorer,
         reference=reference,
     )
+    assert trainer.packed == padding_free
     batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
     loss, metrics = trainer.compute_loss(batch)
     loss.backward()
@@ -130,6 +132,7 @@ def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
     config = _config(tmp_path, lora=True, max_steps=2, learning_rate=1e-2)
     trainer = GRPOTrainer(config, lm, tiny_tokenizer, prompts, TargetFraction())
     assert trainer.reference is None  # the adapter-disabled policy is the reference
+    assert trainer.packed
     trainer.train()
     state = trainer.unwrapped_model.get_base_model().state_dict()
     for name, value in base.items():

@@ -40,6 +40,7 @@ from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
+from rlhfkit.packing import enable_packing, packing_enabled
 from rlhfkit.passes import response_logits, sequence_inputs
 from rlhfkit.rewards import RunningMoments, ScoreOptions, process_scores
 from rlhfkit.scorers import ScoreInput, Scorer, build_scorer
@@ -101,6 +102,12 @@ class GRPOTrainer(PolicyTrainer):
             needs_reference=config.beta > 0,
             accelerator=accelerator,
         )
+        if config.padding_free:
+            for policy_or_reference in (self.unwrapped_model, self.reference):
+                if policy_or_reference is not None:
+                    enable_packing(policy_or_reference)
+        # The policy's and the reference's passes take packed inputs only if both can.
+        self.packed = all(packing_enabled(m) for m in (self.unwrapped_model, self.reference) if m)
         self.scorer = scorer.to(self.accelerator.device)
         for model in self.scorer.models():  # a reward model: the same GELU and attention
             prepare_model(model, config.attention)
@@ -161,7 +168,7 @@ class GRPOTrainer(PolicyTrainer):
         advantages = group_baseline_advantages(scores, cfg)  # (B,)
 
         response, mask = samples.response, samples.response_mask  # (B, Tr) each
-        inputs = sequence_inputs(query, query_mask, response, mask)
+        inputs = sequence_inputs(query, query_mask, response, mask, packed=self.packed)
         logits, _ = response_logits(self.model, inputs, response.shape[1], cfg.temperature)
         logprobs = token_logprobs(logits, response)  # (B, Tr)
         token_advantages = advantages[:, None].expand_as(logprobs)  # (B, Tr)

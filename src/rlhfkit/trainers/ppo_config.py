@@ -107,11 +107,6 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     """Turn dropout off in every model, so the importance ratio starts at exactly 1 (as TRL)."""
     forward_batch_size: int | None = None
     """Rows per no-grad forward pass in the rollout; None = the whole rollout batch."""
-    padding_free: bool = True
-    """Run the passes over query + response (rollout and update) on their real tokens only,
-    packed into one row (``packing.py``): the same numbers up to float rounding, ~16% fewer
-    positions on the benchmark's prompts. Models other than GPT-2, Llama and Qwen2 (with eager
-    or SDPA attention) stay padded."""
     parallel_critic: bool | None = None
     """Run independent model work side by side, each on half the CPU threads: the policy's
     and the separate critic's updates (the same steps, up to float rounding), and in the
