@@ -22,7 +22,13 @@ from transformers import (
 from rlhfkit.data import pad
 from rlhfkit.lora import add_lora, reference_mode
 from rlhfkit.models import ValueModel
-from rlhfkit.packing import PackedRows, enable_packing, packed_length, packing_enabled
+from rlhfkit.packing import (
+    WIDTH_STEP,
+    PackedRows,
+    enable_packing,
+    packed_length,
+    packing_enabled,
+)
 from rlhfkit.passes import ValueHeadLM, critic_values, response_logits, sequence_inputs
 from test_ppo import _trainer, _weights
 
@@ -34,16 +40,20 @@ def test_packed_rows_by_hand():
     rows = PackedRows.from_mask(mask)
     assert rows.tokens.tolist() == [1, 2, 3, 4, 5, 10]  # flat (B * T) index, row by row
     assert rows.position_ids.tolist() == [[0, 1, 2, 0, 1, 0]]
-    assert rows.width == 3
+    assert WIDTH_STEP == 8 and rows.width == 8  # the longest row, 3, rounded up
     # (B, W) layout, each row from column 0; padding slots read token 0.
-    assert rows.slots.tolist() == [0, 1, 2, 3, 4, 0, 5, 0, 0]
-    assert rows.filled.tolist() == [0, 1, 2, 3, 4, 6]
+    assert rows.slots.view(3, 8).tolist() == [
+        [0, 1, 2, 0, 0, 0, 0, 0],
+        [3, 4, 0, 0, 0, 0, 0, 0],
+        [5, 0, 0, 0, 0, 0, 0, 0],
+    ]
+    assert rows.filled.tolist() == [0, 1, 2, 8, 9, 16]
     assert rows.index[0, 1:].tolist() == [0, 1, 2] and rows.index[1, :2].tolist() == [3, 4]
     assert rows.index[2, 2].item() == 5
     ids = torch.arange(12).view(3, 4)
     inputs = rows.inputs(ids)
     assert inputs["input_ids"].tolist() == [[1, 2, 3, 4, 5, 10]]
-    assert inputs["attention_mask"].shape == (1, 1, 3, 3)
+    assert inputs["attention_mask"].shape == (1, 1, 8, 8)
     packed = torch.arange(6.0)[None, :, None]  # (1, N, 1): read back into (B, K, 1)
     assert rows.read(packed, torch.tensor([3]))[:, 0, 0].tolist() == [2.0, 4.0, 5.0]
 

@@ -35,6 +35,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 PREFIX = "rlhfkit_packed_"
+WIDTH_STEP = 8  # the attention layout's width W is a multiple of this (see PackedRows)
 KERNELS = ("eager", "sdpa")  # the attention implementations a packed one wraps
 # Causal self-attention over position_ids, no sliding window, tested in tests/test_packing.py.
 PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2"})
@@ -47,17 +48,18 @@ class PackedRows:
     ``tokens`` (L,): the flat (B * T) index of each real token, row by row, then filler.
     ``index`` (B, T): the packed index of each real position (of a neighbour for padding).
     ``slots`` (B * W,): the packed token in each slot of the (B, W) layout attention uses,
-    each row from column 0 (token 0 in padding slots: only padding queries see them).
+    each row from column 0 (token 0 in padding slots: only padding queries see them); W is
+    the longest row rounded up to a multiple of ``WIDTH_STEP``.
     ``filled`` (L,): the slot of each packed token in that layout.
     ``position_ids`` (1, L): each token's position in its row.
 
     The packed row is L >= N tokens long: ``packed_length`` rounds N up, and the filler
     tokens at its end (the batch's first token at position 0, attending to slot 0) are read
-    by nothing, so they take no part in any result or gradient. A matrix product of a shape
-    it has not seen costs oneDNN a new kernel on a CPU (~0.4 ms more for a (300, 256) x
-    (256, 768) bf16 product, and memory kept for it): with every minibatch's own N, a PPO
-    step would pay that for each of its ~50 products, and the benchmark lost 10% instead of
-    gaining it.
+    by nothing, so they take no part in any result or gradient. Both roundings are there
+    because a matrix product of a shape it has not seen costs oneDNN a new kernel on a CPU:
+    ~0.4 ms more for a (300, 256) x (256, 768) bf16 product and ~1.1 ms for the two (32, W, 64)
+    attention products, and memory kept for each. With every minibatch's own N, a PPO step
+    would pay that for each of its ~50 products: the benchmark lost 10% instead of gaining.
     """
 
     tokens: torch.Tensor
@@ -75,7 +77,7 @@ class PackedRows:
         lengths = real.sum(1)  # (B,)
         if not bool(lengths.all()):
             raise ValueError("every row must have a real token to be packed")
-        width = int(lengths.max())
+        width = -(-int(lengths.max()) // WIDTH_STEP) * WIDTH_STEP
         flat = real.flatten()
         tokens = flat.nonzero().squeeze(1)  # (N,)
         filler = tokens.new_zeros(packed_length(len(tokens)) - len(tokens))  # (L - N,)
