@@ -1,11 +1,11 @@
 """Padding-free passes: the real tokens of a padded (B, T) batch packed into one row.
 
 A PPO minibatch of queries (left-padded) and responses (right-padded) is partly padding: on
-``benchmarks/bench_ppo.py``'s prompts (4-21 tokens) about 16% of its positions. Every layer
+``benchmarks/bench_ppo.py``'s prompts (4-21 tokens) 14-27% of its positions. Every layer
 of a transformer but attention works position by position, so it can run on the N real
 tokens alone, packed row after row into one sequence of N. Attention, the one layer that
 mixes positions, lays the packed tokens out again as a (B, W) batch with each row starting at
-column 0 (W: the longest row) and attends causally there: a real token only ever sees the
+column 0 (W: the longest row, rounded up) and attends causally there: a real token only ever sees the
 real tokens before it in its own row, since a row's padding now comes after all of them.
 Every real token gets the same position and attends to the same tokens as in the padded
 batch, so its output is the same up to float rounding; no mask over padding is needed.
