@@ -21,7 +21,7 @@ from transformers import (
 
 from rlhfkit.data import pad
 from rlhfkit.lora import add_lora, reference_mode
-from rlhfkit.models import ValueModel
+from rlhfkit.models import RewardModel, ValueModel
 from rlhfkit.packing import (
     WIDTH_STEP,
     PackedRows,
@@ -30,6 +30,7 @@ from rlhfkit.packing import (
     packing_enabled,
 )
 from rlhfkit.passes import ValueHeadLM, critic_values, response_logits, sequence_inputs
+from rlhfkit.scorers import RewardModelScorer, ScoreInput
 from test_ppo import _trainer, _weights
 
 VOCAB = 97
@@ -174,6 +175,20 @@ def test_packed_passes_equal_padded_ones(build, attention):
     )
     assert va.shape == vb.shape == (4, tr)
     assert _close(la[mask], lb[mask]) and _close(va[mask], vb[mask])
+
+
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_a_packed_reward_model_scores_at_each_rows_last_real_token(build):
+    query, query_mask, response, response_mask = _batch()
+    padded_rm = RewardModel(_model(build, "eager").base_model)
+    packed_rm = copy.deepcopy(padded_rm)
+    assert enable_packing(packed_rm)
+    batch = ScoreInput([""] * 4, [""] * 4, query, query_mask, response, response_mask)
+    scores = RewardModelScorer(padded_rm).score(batch)  # (B,)
+    packed = RewardModelScorer(packed_rm).score(batch)
+    assert packed.shape == (4,) and _close(scores, packed)
+    rows = PackedRows.from_mask(torch.cat([query_mask, response_mask], 1))
+    assert rows.last.tolist() == [10, 14, 20, 27]  # lengths 11, 4, 6, 7
 
 
 def test_packing_leaves_unpacked_calls_generation_and_saved_models_as_they_were(tmp_path):

@@ -112,7 +112,10 @@ def test_function_and_model_scorers_with_the_same_scores_give_the_same_step(
     )
 
 
-def test_the_reward_model_gets_the_trainers_gelu_and_attention(tiny_tokenizer, tmp_path):
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_the_reward_model_gets_the_trainers_gelu_attention_and_packing(
+    padding_free, tiny_tokenizer, tmp_path
+):
     from transformers.activations import NewGELUActivation
 
     from rlhfkit.models import RewardModel, TanhGELU
@@ -121,10 +124,12 @@ def test_the_reward_model_gets_the_trainers_gelu_and_attention(tiny_tokenizer, t
     reward_model = RewardModel(tiny_lm(tiny_tokenizer, seed=2).transformer)
     scorer = WeightedScorer([(RewardModelScorer(reward_model), 1.0), (TargetFraction(), 0.5)])
     assert scorer.models() == [reward_model]
-    _trainer(tiny_tokenizer, tmp_path, scorer, attn_implementation="eager")
+    overrides = dict(attn_implementation="eager", padding_free=padding_free)
+    _trainer(tiny_tokenizer, tmp_path, scorer, **overrides)
     assert not any(isinstance(m, NewGELUActivation) for m in reward_model.modules())
     assert any(isinstance(m, TanhGELU) for m in reward_model.modules())
-    assert reward_model.backbone.config._attn_implementation == "eager"
+    attention = reward_model.backbone.config._attn_implementation  # packing wraps the kernel
+    assert attention == ("rlhfkit_packed_eager" if padding_free else "eager")
 
 
 def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_path, two_threads):

@@ -42,6 +42,7 @@ from transformers.utils import cached_file
 
 from rlhfkit.ops.activations import gelu_tanh
 from rlhfkit.ops.masks import last_token_index, position_ids_from_mask
+from rlhfkit.packing import enable_packing
 
 logger = logging.getLogger(__name__)
 
@@ -160,15 +161,20 @@ def fuse_gelu(model: nn.Module) -> nn.Module:
     return model
 
 
-def prepare_model(model: nn.Module, attention: str | None = None) -> nn.Module:
+def prepare_model(
+    model: nn.Module, attention: str | None = None, packed: bool = False
+) -> nn.Module:
     """What every trainer does to each model it runs: the fused GELU (``fuse_gelu``) and,
     when given, the attention kernel (``"eager"`` or ``"sdpa"``) of every transformer in it
-    (a policy, a reference, a scalar-head model's backbone, a peft-wrapped model)."""
+    (a policy, a reference, a scalar-head model's backbone, a peft-wrapped model); with
+    ``packed``, packed inputs where the model supports them (``packing.enable_packing``)."""
     fuse_gelu(model)
     if attention is not None:
         for module in model.modules():
             if isinstance(module, PreTrainedModel):
                 module.set_attn_implementation(attention)
+    if packed:
+        enable_packing(model)
     return model
 
 
@@ -217,8 +223,8 @@ class ScalarHeadModel(nn.Module):
         position_ids: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
-        """``kwargs`` go to the backbone (``packed_rows`` of ``packing.PackedRows.inputs``,
-        whose values come back (1, L): per token only)."""
+        """``kwargs`` go to the backbone: with ``packed_rows`` (``packing.PackedRows.inputs``)
+        the values per token come back packed, (1, L)."""
         per_token = self.per_token if per_token is None else per_token
         if position_ids is None:
             # From the mask: left padding must not shift the real tokens' positions.
@@ -234,7 +240,7 @@ class ScalarHeadModel(nn.Module):
         if per_token:
             return values
         if "packed_rows" in kwargs:
-            raise ValueError("packed inputs give values per token only (per_token=True)")
+            return values[0, kwargs["packed_rows"].last]  # (B,)
         last = last_token_index(attention_mask)  # (B,)
         return values.gather(1, last[:, None]).squeeze(1)  # (B,)
 

@@ -52,6 +52,8 @@ class PackedRows:
     the longest row rounded up to a multiple of ``WIDTH_STEP``.
     ``filled`` (L,): the slot of each packed token in that layout.
     ``position_ids`` (1, L): each token's position in its row.
+    ``last`` (B,): the packed index of each row's last real token (where a reward model
+    reads its score).
 
     The packed row is L >= N tokens long: ``packed_length`` rounds N up, and the filler
     tokens at its end (the batch's first token at position 0, attending to slot 0) are read
@@ -67,6 +69,7 @@ class PackedRows:
     slots: torch.Tensor
     filled: torch.Tensor
     position_ids: torch.Tensor
+    last: torch.Tensor
     width: int
 
     @classmethod
@@ -88,7 +91,9 @@ class PackedRows:
         slots = torch.where(in_row, starts[:, None] + column, 0).flatten()  # (B * W,)
         filled = torch.cat([in_row.flatten().nonzero().squeeze(1), filler])  # (L,)
         position_ids = torch.cat([column.expand(batch, width)[in_row], filler])[None]  # (1, L)
-        return cls(torch.cat([tokens, filler]), index, slots, filled, position_ids, width)
+        last = lengths.cumsum(0) - 1  # (B,)
+        tokens = torch.cat([tokens, filler])
+        return cls(tokens, index, slots, filled, position_ids, last, width)
 
     @property
     def batch_size(self) -> int:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from rlhfkit.packing import PackedRows, packing_enabled
+
 
 class ScoreError(ValueError):
     """A scorer failed or gave an unusable score; the message names the sample."""
@@ -143,6 +145,8 @@ class RewardModelScorer(Scorer):
         self.model.eval()  # a scorer never runs dropout
         sequence = torch.cat([batch.query, batch.response], dim=1)  # (B, Tq + Tr)
         mask = torch.cat([batch.query_mask, batch.response_mask], dim=1)  # (B, Tq + Tr)
+        if packing_enabled(self.model):  # real tokens only: packing.py
+            return self.model(**PackedRows.from_mask(mask).inputs(sequence)).float()  # (B,)
         return self.model(sequence, mask).float()  # (B,) at the last real token
 
 

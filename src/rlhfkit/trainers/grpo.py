@@ -110,7 +110,7 @@ class GRPOTrainer(PolicyTrainer):
         self.packed = all(packing_enabled(m) for m in (self.unwrapped_model, self.reference) if m)
         self.scorer = scorer.to(self.accelerator.device)
         for model in self.scorer.models():  # a reward model: the same GELU and attention
-            prepare_model(model, config.attention)
+            prepare_model(model, config.attention, packed=config.padding_free)
         self.eval_prompts = list(eval_prompts)
         self.sampling = config.sampling
         self.score_options = ScoreOptions(missing_eos_penalty=config.missing_eos_penalty)

@@ -48,7 +48,6 @@ from rlhfkit.models import disable_dropout, freeze, load_tokenizer, prepare_mode
 from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
-from rlhfkit.packing import enable_packing
 from rlhfkit.passes import (
     ValueHeadLM,
     causal_lm,
@@ -123,9 +122,7 @@ class PPOTrainer(PPOCheckpoints):
         for model in (policy, reference, critic):
             if model is not None:
                 model.to(device)
-                prepare_model(model, config.attention)
-                if config.padding_free:
-                    enable_packing(model)
+                prepare_model(model, config.attention, packed=config.padding_free)
                 if config.disable_dropout:
                     disable_dropout(model)
         if reference is not None:
@@ -133,7 +130,7 @@ class PPOTrainer(PPOCheckpoints):
         self.policy, self.critic = policy, critic
         self.scorer = as_scorer(scorer).to(device)
         for model in self.scorer.models():  # a reward model: the same GELU and attention
-            prepare_model(model, config.attention)
+            prepare_model(model, config.attention, packed=config.padding_free)
         self.models = RolloutModels(policy, reference, critic)
         self.packed = self.models.packed  # the update's passes as the rollout's
         self.trainable = nn.ModuleDict({"policy": policy, **({"critic": critic} if critic else {})})
