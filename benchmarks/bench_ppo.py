@@ -22,7 +22,8 @@ Default setting (the fastest correct one measured): bf16 autocast with fp32 mast
 fp32 loss math, eager attention (torch's CPU flash-attention backward is slow in bf16), fused
 AdamW and the table GELU (``ops.gelu_tanh``; both done by ``PPOTrainer``), policy and critic
 updated side by side on one core each, and the rollout's passes in two such halves
-(``--one-after-the-other`` turns both off). On a busy machine use
+(``--one-after-the-other`` turns both off), every pass over query + response on its real
+tokens only (``--padded`` keeps the padding). On a busy machine use
 ``--threads 1``: two OpenMP threads that get descheduled wait on each other (10x slower).
 
     .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets   # bf16, eager
