@@ -96,28 +96,23 @@ def _gpt2():
     return GPT2LMHeadModel(config)
 
 
-def _llama():  # grouped-query attention: 4 query heads, 2 key/value heads
-    config = LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=16,
-        intermediate_size=32,
-        vocab_size=VOCAB,
-    )
-    return LlamaForCausalLM(config)
+# Grouped-query attention: 4 query heads, 2 key/value heads.
+_GQA = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=16,
+    intermediate_size=32,
+    vocab_size=VOCAB,
+)
+
+
+def _llama():
+    return LlamaForCausalLM(LlamaConfig(**_GQA))
 
 
 def _qwen2():
-    config = Qwen2Config(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=16,
-        intermediate_size=32,
-        vocab_size=VOCAB,
-    )
-    return Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(Qwen2Config(**_GQA))
 
 
 def _model(build, attention):
