@@ -264,10 +264,9 @@ def make_rollout(
     rows = torch.arange(len(query), device=query.device).split(
         settings.forward_batch_size or len(query)
     )
-    sequences = (query, query_mask, out.response, out.response_mask)  # split into chunks
+    sequences, packed = (query, query_mask, out.response, out.response_mask), models.packed
     chunks = [
-        (sequence_inputs(*(x[r] for x in sequences), packed=models.packed), out.response[r])
-        for r in rows
+        (sequence_inputs(*(x[r] for x in sequences), packed=packed), out.response[r]) for r in rows
     ]
     temperature = settings.sampling.temperature
     batch = ScoreInput.from_ids(tokenizer, query, query_mask, out.response, out.response_mask)

@@ -16,12 +16,9 @@ clipped per model (the value loss's larger gradients would otherwise shrink the 
 step); minibatch order comes from a seeded generator saved in checkpoints, so a resumed run
 is exact; padding columns a minibatch does not use are trimmed before its forward pass.
 
-Speed (docs/ppo.md, benchmarks/bench_ppo.py): the passes over query + response run on their
-real tokens only (``padding_free``, ``packing.py``); the LM head runs only on response
-positions; optional bf16 autocast keeps fp32 weights, optimiser and loss math; every model runs
-the fused GELU (``models.prepare_model``); on a CPU, independent model work runs side by side
-on half the cores each (``ppo_update.py`` for the update, ``rollout.py`` for the rollout's
-passes).
+Speed (docs/ppo.md): passes on real tokens only (``packing.py``), LM head on response positions,
+optional bf16 autocast (fp32 weights, optimiser, loss math), the fused GELU, and on a CPU
+independent model work side by side on half the cores each (``ppo_update.py``, ``rollout.py``).
 """
 
 from __future__ import annotations
