@@ -33,6 +33,22 @@ from rlhfkit.scorers import Scorer  # noqa: E402
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``cuda`` where there is no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def device(request) -> torch.device:
+    """Each device a test runs on: the CPU always, a CUDA GPU where there is one."""
+    return torch.device(request.param)
+
+
 @pytest.fixture
 def two_threads():
     """Two intra-op threads for one test (the parallel paths need a thread per model)."""

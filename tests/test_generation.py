@@ -4,10 +4,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from rlhfkit.data import pad
+from rlhfkit.decoding import static_cache_supported
 from rlhfkit.generation import SamplingConfig, filter_logits, generate, sample_next_token
+from rlhfkit.packing import enable_packing
 
 EOS, PAD, VOCAB = 0, 1, 8
 
@@ -83,7 +85,7 @@ def test_pad_token_is_never_sampled():
     assert out.response_mask.tolist() == [[1, 1, 1]]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def decisive_model():
     """A tiny GPT-2 with large init, so greedy arg-maxes are far from ties."""
     torch.manual_seed(0)
@@ -114,9 +116,11 @@ def test_left_padding_gives_the_same_greedy_continuation_as_no_padding(decisive_
         assert batched.response_mask[i, :width].tolist() == alone.response_mask[0].tolist()
 
 
-def test_cached_greedy_matches_full_recompute(decisive_model):
-    """The KV-cache loop equals re-running the whole sequence for every token."""
-    query, query_mask = pad([[5, 6, 7], [8, 9]], PAD, side="left")
+def test_cached_greedy_matches_full_recompute(decisive_model, device):
+    """The KV-cache loop equals re-running the whole sequence for every token (on a GPU the
+    cache is the static one and each step a CUDA graph replay)."""
+    decisive_model.to(device)
+    query, query_mask = (x.to(device) for x in pad([[5, 6, 7], [8, 9]], PAD, side="left"))
     out = generate(
         decisive_model,
         query,
@@ -137,6 +141,82 @@ def test_cached_greedy_matches_full_recompute(decisive_model):
         assert out.response[real, t].tolist() == expected[real].tolist()
         ids = torch.cat([ids, out.response[:, t : t + 1]], 1)
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+
+
+def _llama(attention):
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=50,
+        initializer_range=0.3,
+        attn_implementation=attention,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def _gpt2(attention):
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        n_positions=64,
+        vocab_size=50,
+        initializer_range=0.3,
+        attn_implementation=attention,
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packing-enabled"])
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_the_static_cache_decodes_what_the_dynamic_cache_does(build, attention, packed, device):
+    """Left-padded prompts, greedy and seeded sampling: the same tokens from both caches (on
+    a GPU the static one replays a CUDA graph), whatever kernel, with packing switched on."""
+    model = build(attention).to(device)
+    if packed:
+        assert enable_packing(model)
+    query, query_mask = (
+        x.to(device) for x in pad([[5, 6, 7, 8, 9, 10], [11, 12], [13]], PAD, side="left")
+    )
+    assert static_cache_supported(model)
+    for greedy in (True, False):
+        responses = []
+        for cache in ("dynamic", "static"):
+            config = SamplingConfig(12, temperature=1.3, greedy=greedy, cache_implementation=cache)
+            generator = torch.Generator(device).manual_seed(3)
+            out = generate(
+                model,
+                query,
+                query_mask,
+                config,
+                eos_token_id=EOS,
+                pad_token_id=PAD,
+                generator=generator,
+            )
+            responses.append(out.response)
+        assert torch.equal(*responses), greedy
+
+
+@pytest.mark.cuda
+def test_static_cache_in_bf16_autocast_on_a_gpu():
+    """The rollout decodes under bf16 autocast: the captured graph casts the weights itself."""
+    model = _gpt2("sdpa").cuda()
+    query, query_mask = (
+        x.cuda() for x in pad([[5, 6, 7, 8, 9, 10], [11, 12], [13]], PAD, side="left")
+    )
+    responses = []
+    for cache in ("dynamic", "static"):
+        config = SamplingConfig(16, greedy=True, cache_implementation=cache)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = generate(model, query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD)
+        responses.append(out.response)
+    assert torch.equal(*responses)
 
 
 def test_sampling_is_reproducible_with_a_seeded_generator(decisive_model):

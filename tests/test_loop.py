@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
@@ -64,26 +65,38 @@ def _trainer(model_dir, tokenizer, out, no_dropout=False, **overrides):
 
 
 def _weights(trainer):
-    return {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
 
 
-def test_stop_and_resume_equals_uninterrupted_run(tiny_model_dir, tiny_tokenizer, tmp_path):
+@pytest.fixture
+def on_device(device):
+    """Trainer fields for ``device``; accelerate's process-wide state is started afresh for
+    it (its device is fixed by the first ``Accelerator`` of a process) and reset after."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield {"cpu": device.type == "cpu"}
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_stop_and_resume_equals_uninterrupted_run(
+    tiny_model_dir, tiny_tokenizer, tmp_path, device, on_device
+):
     # 20 examples / batch 4 = 5 micro-batches per epoch, 2 per step: steps cross epochs and the
     # interruption after step 3 falls in the middle of epoch 1. The straight run never
     # evaluates, the interrupted one every step: evaluation must not move the random streams.
-    straight = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "a")
+    straight = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "a", **on_device)
+    assert next(straight.unwrapped_model.parameters()).device.type == device.type
     straight.train()
     expected = _weights(straight)
     assert straight.eval_calls == 1  # the final evaluation only
 
-    first = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "b", eval_every=1)
+    first = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "b", eval_every=1, **on_device)
     state = first.train(stop_after=3)
     assert (state.step, state.epoch, state.batch_index, state.complete) == (3, 1, 1, False)
     assert ckpt.latest_checkpoint(tmp_path / "b").name == "checkpoint-3"
     # A fresh process would start from fresh weights and fresh random streams.
     torch.manual_seed(123)
     random.seed(123)
-    second = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "b", eval_every=1)
+    second = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "b", eval_every=1, **on_device)
     state = second.train()
     assert state.complete and state.step == 6 and second.eval_calls == 3
 

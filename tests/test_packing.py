@@ -138,12 +138,12 @@ def _close(a, b, rel=1e-5):
 
 @pytest.mark.parametrize("build", [_gpt2, _llama, _qwen2], ids=["gpt2", "llama", "qwen2"])
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_packed_passes_equal_padded_ones(build, attention):
-    padded_lm = _model(build, attention)
+def test_packed_passes_equal_padded_ones(build, attention, device):
+    padded_lm = _model(build, attention).to(device)
     packed_lm = copy.deepcopy(padded_lm)
     assert enable_packing(packed_lm) and packing_enabled(packed_lm)
     assert not packing_enabled(padded_lm)
-    batch = _batch()
+    batch = tuple(x.to(device) for x in _batch())
     mask = batch[3].bool()
     tr = batch[2].shape[1]
     padded, packed = sequence_inputs(*batch), sequence_inputs(*batch, packed=True)
@@ -158,8 +158,8 @@ def test_packed_passes_equal_padded_ones(build, attention):
     for (name, p), q in zip(padded_lm.named_parameters(), packed_lm.parameters(), strict=True):
         assert _close(p.grad, q.grad, rel=1e-4), name
 
-    critic = ValueModel(padded_lm.base_model)
-    packed_critic = ValueModel(packed_lm.base_model)
+    critic = ValueModel(padded_lm.base_model).to(device)
+    packed_critic = ValueModel(packed_lm.base_model).to(device)
     packed_critic.score.load_state_dict(critic.score.state_dict())
     values = critic_values(critic, padded, tr)
     assert _close(values[mask], critic_values(packed_critic, packed, tr)[mask])

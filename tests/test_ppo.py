@@ -55,12 +55,21 @@ def _trainer(tiny_tokenizer, tmp_path, scorer=None, eval_prompts=None, **overrid
 
 
 def _weights(module):
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    """A CPU copy of every tensor of ``module`` (comparable whatever device it trained on)."""
+    return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
+
+
+def _on(device, **overrides):
+    """Config fields that run a trainer on ``device``: on a GPU with its fast settings (bf16
+    autocast, SDPA attention, and so the static-cache CUDA-graph decoding)."""
+    if device.type == "cpu":
+        return {"cpu": True, **overrides}
+    return {"cpu": False, "mixed_precision": "bf16", "attn_implementation": "sdpa", **overrides}
 
 
 @pytest.mark.slow
 def test_ppo_learns_a_trivial_reward_with_bounded_kl_and_a_fixed_reference(
-    tiny_tokenizer, tmp_path
+    tiny_tokenizer, tmp_path, device
 ):
     # Short responses and 16-sequence minibatches: each token carries a large share of the
     # score and Adam's steps are not dominated by noise (measured: 0.07 -> 0.72 in 25 iterations,
@@ -68,6 +77,7 @@ def test_ppo_learns_a_trivial_reward_with_bounded_kl_and_a_fixed_reference(
     trainer = _trainer(
         tiny_tokenizer,
         tmp_path,
+        **_on(device),
         iterations=25,
         rollout_batch_size=32,
         batch_size=16,
@@ -149,14 +159,16 @@ def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_p
         assert metrics[True][key] == pytest.approx(metrics[False][key], rel=1e-4, abs=1e-6)
 
 
-def test_resume_continues_exactly(tiny_tokenizer, tmp_path):
-    straight = _trainer(tiny_tokenizer, tmp_path / "straight", iterations=2)
+def test_resume_continues_exactly(tiny_tokenizer, tmp_path, device):
+    straight = _trainer(tiny_tokenizer, tmp_path / "straight", **_on(device, iterations=2))
     straight.train()
 
-    first = _trainer(tiny_tokenizer, tmp_path / "resumed", iterations=2)
+    first = _trainer(tiny_tokenizer, tmp_path / "resumed", **_on(device, iterations=2))
     first.train(stop_after=1)
     assert (tmp_path / "resumed" / "run" / "checkpoint-1").is_dir()
-    second = _trainer(tiny_tokenizer, tmp_path / "resumed", iterations=2, resume=True)
+    second = _trainer(
+        tiny_tokenizer, tmp_path / "resumed", **_on(device, iterations=2, resume=True)
+    )
     second.train()
     assert second.state.iteration == 2 and second.state.complete
     a, b = _weights(straight.trainable), _weights(second.trainable)
@@ -200,12 +212,12 @@ def test_a_checkpoint_with_one_optimiser_for_both_models_is_refused_by_name(
         second.train()
 
 
-def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_path):
+def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_path, device):
     policy = add_lora(tiny_lm(tiny_tokenizer), r=4, alpha=8)
     critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
     base_before = {k: v.clone() for k, v in policy.state_dict().items() if "lora_" not in k}
     trainer = PPOTrainer(
-        _config(tmp_path, lora=True, iterations=1),
+        _config(tmp_path, **_on(device, lora=True, iterations=1)),
         policy,
         tiny_tokenizer,
         tiny_prompts(tiny_tokenizer),
@@ -216,7 +228,7 @@ def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_p
     metrics, rollout = trainer.step()
     # At the first rollout the adapter (B = 0) changes nothing: KL to the reference is 0.
     assert torch.allclose(rollout.logprobs, rollout.ref_logprobs, atol=1e-5)
-    after = policy.state_dict()
+    after = _weights(policy)
     assert all(torch.equal(base_before[k], after[k]) for k in base_before)
     assert any(not torch.equal(v, 0 * v) for k, v in after.items() if "lora_B" in k)
 

@@ -9,7 +9,8 @@ forward per new token. We write the loop ourselves instead of calling ``generate
 - position ids come from the attention mask (``ops.masks.position_ids_from_mask``), so a
   left-padded prompt gets exactly the continuation it would get unpadded;
 - the loop stops as soon as every row has emitted EOS and returns ``response_mask`` in the
-  library's one convention (real tokens up to and including the first EOS).
+  library's one convention (real tokens up to and including the first EOS);
+- on a GPU the decode step runs from a static cache as one CUDA graph (``decoding.py``).
 
 Filtering follows the usual order (temperature, then top-k, then top-p / nucleus sampling of
 Holtzman et al. 2020), as in ``transformers``' logits warpers.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.decoding import CACHE_IMPLEMENTATIONS, decoder_for
 from rlhfkit.ops.masks import position_ids_from_mask, truncate_after_eos
 
 
@@ -35,6 +37,8 @@ class SamplingConfig:
         top_k: keep only the ``top_k`` most likely tokens; 0 keeps all.
         top_p: keep the smallest set of tokens whose probability reaches ``top_p``; 1.0 keeps all.
         greedy: take the arg-max token (temperature, top-k and top-p are then ignored).
+        cache_implementation: the KV cache (``decoding.py``): "static" (captured in a CUDA
+            graph on a GPU), "dynamic", or "auto" (static on a GPU where the model allows it).
     """
 
     max_new_tokens: int = 32
@@ -42,6 +46,7 @@ class SamplingConfig:
     top_k: int = 0
     top_p: float = 1.0
     greedy: bool = False
+    cache_implementation: str = "auto"
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -52,6 +57,11 @@ class SamplingConfig:
             raise ValueError(f"top_k={self.top_k}: must be >= 0 (0 = no top-k filtering)")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
+        if self.cache_implementation not in CACHE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"cache_implementation={self.cache_implementation!r}: must be one of "
+                + ", ".join(map(repr, CACHE_IMPLEMENTATIONS))
+            )
 
 
 @dataclass
@@ -134,27 +144,16 @@ def generate(
     """
     if eos_token_id == pad_token_id:
         raise ValueError(f"eos_token_id and pad_token_id are both {eos_token_id}: must differ")
-    batch, prompt_len = query.shape
-    # One mask for the whole run; step t attends to the first prompt_len + t columns.
-    mask = torch.ones(
-        batch, prompt_len + config.max_new_tokens, dtype=torch.long, device=query.device
-    )
-    mask[:, :prompt_len] = query_mask
-    positions = position_ids_from_mask(mask[:, :prompt_len])  # (B, Tq)
-    out = model(
-        input_ids=query,
-        attention_mask=mask[:, :prompt_len],
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    decoder = decoder_for(model, query_mask, config.max_new_tokens, config.cache_implementation)
+    positions = position_ids_from_mask(query_mask)  # (B, Tq)
+    logits = decoder.prefill(query, positions)  # (B, V)
     next_position = positions[:, -1:] + 1  # (B, 1)
-    finished = torch.zeros(batch, dtype=torch.bool, device=query.device)
+    finished = torch.zeros(len(query), dtype=torch.bool, device=query.device)
     pad_index = torch.tensor([pad_token_id], device=query.device)
     tokens = []
     for step in range(config.max_new_tokens):
         # The pad token is never a valid output: sampling it would punch a hole in the mask.
-        logits = out.logits[:, -1, :].index_fill(-1, pad_index, float("-inf"))  # (B, V)
+        logits = logits.index_fill(-1, pad_index, float("-inf"))
         token = sample_next_token(logits, config, generator)  # (B,)
         token = token.masked_fill(finished, pad_token_id)
         tokens.append(token)
@@ -162,13 +161,7 @@ def generate(
         # The last step needs no forward; neither does a batch in which every row has stopped.
         if step == config.max_new_tokens - 1 or bool(finished.all()):
             break
-        out = model(
-            input_ids=token[:, None],
-            attention_mask=mask[:, : prompt_len + step + 1],
-            position_ids=next_position,
-            past_key_values=out.past_key_values,
-            use_cache=True,
-        )
+        logits = decoder.step(token, next_position, step)
         next_position = next_position + 1
     response, response_mask = truncate_after_eos(
         torch.stack(tokens, dim=1), eos_token_id, pad_token_id
