@@ -16,7 +16,9 @@ Variants, each timed as the median of ``--repeats`` runs after warm-up runs:
 - ``hf-generate``: transformers' ``model.generate(do_sample=True)``, what TRL calls;
 - ``bare``: the floor: a static cache and the whole step (forward, sampling, feeding the
   token back) captured in ONE CUDA graph, no EOS handling and no host synchronisation per
-  token (GPU only).
+  token (GPU only);
+- ``bare-bf16-weights``: the same loop on a bf16 copy of the weights, no per-step casts of
+  fp32 weights (what a separate inference copy of the policy would gain; GPU only).
 
 Prints seconds per call, generated tokens per second, milliseconds per decode step, peak GPU
 memory and each variant's time over the bare loop's, then the command.
@@ -28,6 +30,7 @@ memory and each variant's time over the bare loop's, then the command.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shlex
 import statistics
@@ -83,6 +86,10 @@ class BareLoop:
         self.opening.copy_(self.opening.roll(1, -1))
 
     def __call__(self) -> torch.Tensor:
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            return self._run()
+
+    def _run(self) -> torch.Tensor:
         query, mask = self.query, self.query_mask
         width = query.shape[1]
         self.cache = StaticCache(config=self.model.config, max_cache_len=width + self.new_tokens)
@@ -109,18 +116,17 @@ class BareLoop:
         saved = [t.clone() for t in (self.token, self.position, self.opening)]
         lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
         graph = torch.cuda.CUDAGraph()
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            side = torch.cuda.Stream()  # one warm-up step on a side stream, then undone
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._step()
-            torch.cuda.current_stream().wait_stream(side)
-            for tensor, value in zip((self.token, self.position, self.opening), saved, strict=True):
-                tensor.copy_(value)
-            for layer, length in zip(self.cache.layers, lengths, strict=True):
-                layer.cumulative_length.copy_(length)
-            with torch.cuda.graph(graph):
-                self._step()
+        side = torch.cuda.Stream()  # one warm-up step on a side stream, then undone
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        for tensor, value in zip((self.token, self.position, self.opening), saved, strict=True):
+            tensor.copy_(value)
+        for layer, length in zip(self.cache.layers, lengths, strict=True):
+            layer.cumulative_length.copy_(length)
+        with torch.cuda.graph(graph):
+            self._step()
         for _ in range(self.new_tokens - 1):
             graph.replay()
             tokens.append(self.token.clone())
@@ -197,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     }
     if device.type == "cuda":
         variants["bare"] = BareLoop(model, query, query_mask, args.new_tokens, 1.0)
+        bf16 = copy.deepcopy(model).to(torch.bfloat16)
+        variants["bare-bf16-weights"] = BareLoop(bf16, query, query_mask, args.new_tokens, 1.0)
 
     results = {}
     for name, fn in variants.items():

@@ -165,7 +165,7 @@ def test_packed_passes_equal_padded_ones(build, attention, device):
     assert _close(values[mask], critic_values(packed_critic, packed, tr)[mask])
 
     (la, va), (lb, vb) = (
-        response_logits(ValueHeadLM(m), inputs, tr, 1.0)
+        response_logits(ValueHeadLM(m).to(device), inputs, tr, 1.0)
         for m, inputs in ((padded_lm, padded), (packed_lm, packed))
     )
     assert va.shape == vb.shape == (4, tr)
