@@ -203,17 +203,18 @@ def test_the_static_cache_decodes_what_the_dynamic_cache_does(build, attention, 
         assert torch.equal(*responses), greedy
 
 
-@pytest.mark.cuda
-def test_static_cache_in_bf16_autocast_on_a_gpu():
-    """The rollout decodes under bf16 autocast: the captured graph casts the weights itself."""
-    model = _gpt2("sdpa").cuda()
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_the_static_cache_under_bf16_autocast(build, device):
+    """The rollout decodes under bf16 autocast, where Llama's rotary embedding gives float32
+    keys beside bfloat16 values; on a GPU the captured graph casts the weights itself."""
+    model = build("sdpa").to(device)
     query, query_mask = (
-        x.cuda() for x in pad([[5, 6, 7, 8, 9, 10], [11, 12], [13]], PAD, side="left")
+        x.to(device) for x in pad([[5, 6, 7, 8, 9, 10], [11, 12], [13]], PAD, side="left")
     )
     responses = []
     for cache in ("dynamic", "static"):
         config = SamplingConfig(16, greedy=True, cache_implementation=cache)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             out = generate(model, query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD)
         responses.append(out.response)
     assert torch.equal(*responses)

@@ -89,8 +89,10 @@ class StaticDecoder:
         batch, self.prompt_len = query_mask.shape
         length = self.prompt_len + max_new_tokens
         self.model, self.graph, self.use_graph = model, None, graph
-        self.cache = StaticCache(config=_transformer(model).config, max_cache_len=length)
         inner = _transformer(model)
+        self.cache = StaticCache(config=inner.config, max_cache_len=length)
+        for layer in self.cache.layers:
+            _keep_value_dtype(layer)
         self.eager = inner.config._attn_implementation.removeprefix("rlhfkit_packed_") == "eager"
         device = query_mask.device
         # Key column j is visible to a decode step once it is a real prompt token or a token
@@ -172,6 +174,19 @@ class StaticDecoder:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), _capturable_autocast():
             self.logits = self._forward()
+
+
+def _keep_value_dtype(layer) -> None:
+    """Let a static cache layer hold values in their own dtype. transformers allocates both
+    in the keys' dtype, but under bf16 autocast Llama-style rotary embeddings give float32
+    keys and bfloat16 values (the growing cache just stores what it gets)."""
+    allocate = layer.lazy_initialization
+
+    def lazy_initialization(key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        allocate(key_states, value_states)
+        layer.values = layer.values.to(value_states.dtype)
+
+    layer.lazy_initialization = lazy_initialization
 
 
 def _capturable_autocast() -> torch.autocast:
