@@ -4,6 +4,7 @@
     rlhfkit sft --help                               every field of SFTConfig, documented
     rlhfkit sft --config configs/sft.yaml --learning_rate 3e-4 --max_steps 100
     rlhfkit rm  --config configs/rm.yaml             (alias: rlhfkit reward)
+    rlhfkit --verbose sft ...                        also the libraries' own progress bars
 
 Each command is one line in `COMMANDS`: a config dataclass and a `run(config)` function, both
 named as "module:attribute" and imported only when that command runs, so `rlhfkit --help`
@@ -122,6 +123,12 @@ def _top_parser() -> argparse.ArgumentParser:
         description="RLHF on Hugging Face causal LMs: SFT, reward model, PPO, DPO and more.",
         epilog="`rlhfkit <command> --help` documents every option of a command.",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show the progress bars of transformers, datasets and the hub (loading and "
+        "saving models); before the command",
+    )
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name, command in COMMANDS.items():
         commands.add_parser(name, help=command.help, aliases=list(command.aliases))
@@ -149,12 +156,16 @@ def run_command(name: str, args: Sequence[str]) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rlhfkit` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = bool(argv) and argv[0] == "--verbose"
+    argv = argv[verbose:]
     if not argv or argv[0].startswith("-") or _resolve(argv[0]) is None:
         _top_parser().parse_args(argv)  # prints the help, or the error, and exits
         return 2
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not verbose:
+        _hide_library_progress_bars()
     from rlhfkit.data import DataError
 
     try:
@@ -164,6 +175,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     _print_summary(argv[0], config, result)
     return 0
+
+
+def _hide_library_progress_bars() -> None:
+    """One bar per stage: transformers draws its own for every model it loads or saves
+    ("Loading weights", "Writing model shards"), datasets and the hub theirs."""
+    import datasets
+    import huggingface_hub
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    huggingface_hub.utils.disable_progress_bars()
 
 
 def _print_summary(name: str, config: Any, result: Any) -> None:

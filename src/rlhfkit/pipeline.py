@@ -44,7 +44,7 @@ from rlhfkit.pipeline_config import (
     stage_configs,
 )
 from rlhfkit.report import TABLE_COLUMNS, format_table, load_eval, write_report
-from rlhfkit.tracking import Tracker, read_jsonl
+from rlhfkit.tracking import Tracker, format_metrics, read_jsonl
 from rlhfkit.trainers import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
@@ -136,7 +136,7 @@ class PPOEvalPoints:
         with Tracker(self.dir, tensorboard=trainer.config.tensorboard) as tracker:
             tracker.log(point, iteration)
         self.done.add(iteration)
-        logger.info("PPO iteration %d on held-out prompts: %s", iteration, point)
+        logger.info("PPO iteration %d on held-out prompts: %s", iteration, format_metrics(point))
 
 
 def ppo_points(run_dir: Path) -> list[dict]:

@@ -1,10 +1,13 @@
 """Run tracking: TensorBoard, a JSONL log of every metric, a progress bar, sample texts, plots.
 
-One `Tracker` per run directory. Every `log()` call writes the same numbers to three places:
-TensorBoard (to browse), `metrics.jsonl` (one JSON object per call, with `step` and wall-clock
-`time`, easy to load with pandas or `json`), and the tqdm bar's postfix (to watch). Sample texts
-go to TensorBoard's text tab and to `samples.jsonl`, so reward hacking is *seen*, not guessed.
-`plot()` draws PNG curves from the JSONL with matplotlib's headless Agg backend.
+One `Tracker` per run directory. Every `log()` call writes all its numbers to TensorBoard (to
+browse) and `metrics.jsonl` (one JSON object per call, with `step` and wall-clock `time`, easy
+to load with pandas or `json`). A person watches the few a stage names (`watch`: loss and lr
+for SFT, score, KL and entropy for PPO): in a terminal on one tqdm bar, with log messages
+printed above it (tqdm's logging redirection), and elsewhere (CI, a file, `nohup`) as one log
+line per `log()` call, with no carriage-return redraws. Sample texts go to TensorBoard's text
+tab and to `samples.jsonl`, so reward hacking is *seen*, not guessed. `plot()` draws PNG
+curves from the JSONL with matplotlib's headless Agg backend.
 
 Only the main process should write; pass `enabled=False` on the others and every method becomes
 a no-op. On resume, pass `resume_step`: lines logged after that step by the interrupted run are
@@ -13,15 +16,18 @@ dropped from the JSONL files and TensorBoard purges its events after it, so curv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +38,16 @@ SAMPLES_FILE = "samples.jsonl"
 def _to_number(value: Any) -> float:
     """A Python float from a float, int, 0-dim tensor or numpy scalar."""
     return float(value.item() if hasattr(value, "item") else value)
+
+
+def format_metrics(values: Mapping[str, Any]) -> str:
+    """Metrics as people read them: ``nll 4.242, perplexity 69.5`` (4 significant digits)."""
+    return ", ".join(f"{name} {_to_number(value):.4g}" for name, value in values.items())
+
+
+def is_terminal() -> bool:
+    """Whether progress goes to a terminal (a bar), rather than a file or a pipe (lines)."""
+    return sys.stderr.isatty()
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -72,6 +88,9 @@ class Tracker:
         self.enabled = enabled
         self._writer = None
         self._bar: tqdm | None = None
+        self._progress: tuple[str, int] | None = None  # (what, total steps) when not a bar
+        self._watch: dict[str, str] = {}
+        self._redirect = contextlib.ExitStack()
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -93,10 +112,24 @@ class Tracker:
     def samples_path(self) -> Path:
         return self.run_dir / SAMPLES_FILE
 
-    def start_progress(self, total: int, initial: int = 0, desc: str = "train") -> None:
-        """Open the progress bar over `total` steps, `initial` of them already done."""
-        if self.enabled:
-            self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
+    def start_progress(
+        self,
+        total: int,
+        initial: int = 0,
+        desc: str = "train",
+        watch: Mapping[str, str] | None = None,
+    ) -> None:
+        """Show progress over `total` steps, `initial` of them already done, with the metrics
+        `watch` maps a short name to (``{"loss": "train/loss"}``): on a bar in a terminal,
+        else as a log line at each `log()`."""
+        if not self.enabled:
+            return
+        self._watch = dict(watch or {})
+        if not is_terminal():
+            self._progress = (desc, total)
+            return
+        self._redirect.enter_context(logging_redirect_tqdm())  # messages above the bar
+        self._bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True)
 
     def advance(self, n: int = 1) -> None:
         """Move the progress bar by `n` steps."""
@@ -115,10 +148,12 @@ class Tracker:
         if self._writer is not None:
             for key, value in values.items():
                 self._writer.add_scalar(key, value, step)
-        if self._bar is not None:
-            shown = {k: f"{v:.4g}" for k, v in values.items() if not k.startswith("time")}
-            self._bar.set_postfix(shown, refresh=False)
-        logger.debug("step %d: %s", step, values)
+        watched = {name: values[key] for name, key in self._watch.items() if key in values}
+        if watched and self._bar is not None:
+            self._bar.set_postfix_str(format_metrics(watched), refresh=False)
+        elif watched and self._progress is not None:
+            desc, total = self._progress
+            logger.info("%s step %d/%d: %s", desc, step, total, format_metrics(watched))
 
     def log_samples(
         self, rows: Sequence[Mapping[str, Any]], step: int, tag: str = "samples"
@@ -166,6 +201,8 @@ class Tracker:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        self._redirect.close()
+        self._progress = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -139,6 +139,7 @@ class DPOTrainer(PolicyTrainer):
         "train/logps_chosen",
         "train/logps_rejected",
     )
+    watch = {"loss": "train/loss", "margin": "train/margin", "accuracy": "train/accuracy"}
 
     def __init__(
         self,

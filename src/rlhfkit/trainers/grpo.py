@@ -46,7 +46,7 @@ from rlhfkit.rewards import RunningMoments, ScoreOptions, process_scores
 from rlhfkit.scorers import ScoreInput, Scorer, build_scorer
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.loop import Batch
+from rlhfkit.trainers.loop import WATCH_RL, Batch
 from rlhfkit.trainers.policy import PolicyTrainer
 
 logger = logging.getLogger(__name__)
@@ -79,6 +79,7 @@ class GRPOTrainer(PolicyTrainer):
         "train/policy/entropy",
         "train/response/length",
     )
+    watch = WATCH_RL
 
     def __init__(
         self,

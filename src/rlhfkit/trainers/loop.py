@@ -50,13 +50,15 @@ from torch import nn
 from rlhfkit.allocator import retain_freed_memory
 from rlhfkit.config import TrainConfig
 from rlhfkit.models import atomic_dir, prepare_model
-from rlhfkit.tracking import Tracker
+from rlhfkit.tracking import Tracker, format_metrics
 from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.safetensors"
+# What a person watches on an RL stage's progress bar (PPO, GRPO, RLOO): short name -> key.
+WATCH_RL = {"score": "train/score/mean", "kl": "train/kl/ref", "entropy": "train/policy/entropy"}
 Batch = dict[str, Any]
 
 
@@ -105,6 +107,8 @@ class Trainer:
     """
 
     plot_keys: tuple[str, ...] = ("train/loss", "train/lr")
+    # The few metrics a person watches on the progress bar: short name -> logged key.
+    watch: dict[str, str] = {"loss": "train/loss", "lr": "train/lr"}
 
     def __init__(
         self,
@@ -201,7 +205,9 @@ class Trainer:
             resume_step=self.state.step,
             tensorboard=self.config.tensorboard,
         )
-        self.tracker.start_progress(self.state.total_steps, self.state.step, type(self).__name__)
+        self.tracker.start_progress(
+            self.state.total_steps, self.state.step, type(self).__name__, self.watch
+        )
         try:
             self._run_steps(target)
             if self.state.step < self.state.total_steps:
@@ -306,7 +312,7 @@ class Trainer:
             self.state.eval_metrics = metrics
             if self.tracker is not None:
                 self.tracker.log({f"eval/{k}": v for k, v in metrics.items()}, self.state.step)
-            logger.info("step %d eval: %s", self.state.step, metrics)
+            logger.info("eval step %d: %s", self.state.step, format_metrics(metrics))
         return metrics
 
     def _finish(self) -> None:

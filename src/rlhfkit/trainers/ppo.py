@@ -61,9 +61,9 @@ from rlhfkit.rollout import (
     rollout_stats,
 )
 from rlhfkit.scorers import Scorer, as_scorer, build_scorer
-from rlhfkit.tracking import Tracker
+from rlhfkit.tracking import Tracker, format_metrics
 from rlhfkit.trainers import checkpoint as ckpt
-from rlhfkit.trainers.loop import epoch_order
+from rlhfkit.trainers.loop import WATCH_RL, epoch_order
 from rlhfkit.trainers.ppo_checkpoint import PPOCheckpoints, PPOState
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.ppo_update import (
@@ -286,7 +286,7 @@ class PPOTrainer(PPOCheckpoints):
         tracker = Tracker(
             self.output_dir, resume_step=self.state.iteration, tensorboard=self.config.tensorboard
         )
-        tracker.start_progress(total, self.state.iteration, "PPO")
+        tracker.start_progress(total, self.state.iteration, "PPO", WATCH_RL)
         sums: dict[str, float] = {}
         try:
             while self.state.iteration < target:
@@ -302,7 +302,9 @@ class PPOTrainer(PPOCheckpoints):
                 if it == 1 or it % self.config.sample_every == 0:
                     tracker.log_samples(self._samples(rollout), it)
                 if it == total or (self.config.eval_every and it % self.config.eval_every == 0):
-                    tracker.log({f"eval/{k}": v for k, v in self.evaluate().items()}, it)
+                    evaluation = self.evaluate()
+                    tracker.log({f"eval/{k}": v for k, v in evaluation.items()}, it)
+                    logger.info("eval iteration %d: %s", it, format_metrics(evaluation))
                 if self.config.save_every and it % self.config.save_every == 0:
                     self.save_checkpoint()
             if self.state.iteration < total:

@@ -109,6 +109,7 @@ class RewardTrainer(Trainer):
     """Train a `RewardModel` on `PreferenceExample`s (pairs or best-first rankings)."""
 
     plot_keys = ("train/loss", "train/accuracy", "train/margin", "train/lr")
+    watch = {"loss": "train/loss", "accuracy": "train/accuracy"}
 
     def __init__(
         self,
