@@ -11,6 +11,7 @@ from pathlib import Path
 import pexpect
 import pytest
 
+from rlhfkit import tracking
 from rlhfkit.tracking import Tracker, format_metrics
 
 RLHFKIT = Path(sys.executable).with_name("rlhfkit")  # the console script of this environment
@@ -26,7 +27,10 @@ def test_format_metrics_by_hand():
     assert format_metrics({"lr": 9.665e-05, "steps": 3}) == "lr 9.665e-05, steps 3"
 
 
-def test_off_a_terminal_each_log_is_one_line_of_the_watched_metrics(tmp_path, caplog, capsys):
+def test_off_a_terminal_each_log_is_one_line_of_the_watched_metrics(
+    tmp_path, caplog, capsys, monkeypatch
+):
+    monkeypatch.setattr(tracking, "is_terminal", lambda: False)  # also under `pytest -s`
     caplog.set_level(logging.INFO, logger="rlhfkit.tracking")
     with Tracker(tmp_path, tensorboard=False) as tracker:
         tracker.start_progress(4, desc="SFTTrainer", watch={"loss": "train/loss", "lr": "train/lr"})
