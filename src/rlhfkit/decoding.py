@@ -166,11 +166,13 @@ class StaticDecoder:
         before = [layer.cumulative_length.clone() for layer in layers]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), _capturable_autocast():
-            self._forward()
-        torch.cuda.current_stream().wait_stream(side)
-        for layer, length in zip(layers, before, strict=True):
-            layer.cumulative_length.copy_(length)
+        try:
+            with torch.cuda.stream(side), _capturable_autocast():
+                self._forward()
+        finally:  # also when it fails: the eager step that follows writes the same column
+            torch.cuda.current_stream().wait_stream(side)
+            for layer, length in zip(layers, before, strict=True):
+                layer.cumulative_length.copy_(length)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), _capturable_autocast():
             self.logits = self._forward()
