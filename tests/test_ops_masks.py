@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhfkit.ops.masks import (
+    additive_mask,
     last_token_index,
     masked_mean,
     masked_sum,
@@ -165,3 +166,9 @@ def test_position_ids_from_mask():
     expected = torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 2, 2]])
     torch.testing.assert_close(position_ids_from_mask(mask), expected)
     torch.testing.assert_close(position_ids_from_mask(mask.bool()), expected)
+
+
+def test_additive_mask_by_hand():
+    visible = torch.tensor([[True, False], [True, True]])
+    low = torch.finfo(torch.float32).min
+    assert additive_mask(visible).tolist() == [[0.0, low], [0.0, 0.0]]

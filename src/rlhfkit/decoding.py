@@ -21,25 +21,22 @@ import logging
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel, StaticCache
+from transformers import StaticCache
+
+from rlhfkit.ops.masks import additive_mask
+from rlhfkit.packing import own_kernel, transformer_models
 
 logger = logging.getLogger(__name__)
 
 CACHE_IMPLEMENTATIONS = ("auto", "dynamic", "static")
 
 
-def _transformer(model: nn.Module) -> PreTrainedModel | None:
-    """The first transformers model inside ``model`` (itself, or under a peft wrapper)."""
-    return next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
-
-
 def static_cache_supported(model: nn.Module) -> bool:
     """Whether ``model`` can decode with a ``StaticCache`` and a 4-D mask."""
-    inner = _transformer(model)
-    if inner is None or not getattr(inner, "_can_compile_fullgraph", False):
+    inner = transformer_models(model)
+    if not inner or not getattr(inner[0], "_can_compile_fullgraph", False):
         return False
-    kernel = inner.config._attn_implementation.removeprefix("rlhfkit_packed_")
-    return kernel in ("eager", "sdpa")
+    return own_kernel(inner[0].config) in ("eager", "sdpa")
 
 
 class DynamicDecoder:
@@ -89,11 +86,11 @@ class StaticDecoder:
         batch, self.prompt_len = query_mask.shape
         length = self.prompt_len + max_new_tokens
         self.model, self.graph, self.use_graph = model, None, graph
-        inner = _transformer(model)
-        self.cache = StaticCache(config=inner.config, max_cache_len=length)
+        config = transformer_models(model)[0].config
+        self.cache = StaticCache(config=config, max_cache_len=length)
         for layer in self.cache.layers:
             _keep_value_dtype(layer)
-        self.eager = inner.config._attn_implementation.removeprefix("rlhfkit_packed_") == "eager"
+        self.eager = own_kernel(config) == "eager"
         device = query_mask.device
         # Key column j is visible to a decode step once it is a real prompt token or a token
         # generated so far: the prompt's padding stays hidden, later columns are opened per step.
@@ -104,11 +101,7 @@ class StaticDecoder:
 
     def _mask(self, visible: torch.Tensor) -> torch.Tensor:
         """The 4-D mask as the attention kernel takes it: bool for SDPA, additive for eager."""
-        if not self.eager:
-            return visible
-        return torch.zeros(visible.shape, device=visible.device).masked_fill(
-            ~visible, torch.finfo(torch.float32).min
-        )
+        return additive_mask(visible) if self.eager else visible
 
     def prefill(self, query: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Run the prompts causally over the real prompt tokens; logits (B, V). A padding

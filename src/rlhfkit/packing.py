@@ -34,6 +34,8 @@ from transformers import AttentionInterface, AttentionMaskInterface, PreTrainedM
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from rlhfkit.ops.masks import additive_mask
+
 PREFIX = "rlhfkit_packed_"
 WIDTH_STEP = 8  # the attention layout's width W is a multiple of this (see PackedRows)
 KERNELS = ("eager", "sdpa")  # the attention implementations a packed one wraps
@@ -162,14 +164,12 @@ def packed_attention(
 ):
     """The registered attention: the model's own kernel, around the unpacking when the call
     carries ``packed_rows`` (query, key, value (1, heads, L, d))."""
-    kernel = _kernel(type(module), module.config._attn_implementation.removeprefix(PREFIX))
+    kernel = _kernel(type(module), own_kernel(module.config))
     if packed_rows is None:
         return kernel(module, query, key, value, attention_mask, **kwargs)
     rows = packed_rows
     if kernel is not ALL_ATTENTION_FUNCTIONS["sdpa"]:  # eager kernels add a float mask
-        attention_mask = torch.zeros(attention_mask.shape, device=query.device).masked_fill(
-            ~attention_mask, torch.finfo(torch.float32).min
-        )
+        attention_mask = additive_mask(attention_mask)
     query, key, value = (rows.unpack_heads(x) for x in (query, key, value))
     output, _ = kernel(module, query, key, value, attention_mask, **kwargs)  # (B, W, heads, d)
     return rows.pack_heads(output), None
@@ -182,16 +182,21 @@ for _kernel_name in KERNELS:
     )
 
 
-def _transformers(model: nn.Module) -> list[PreTrainedModel]:
+def transformer_models(model: nn.Module) -> list[PreTrainedModel]:
+    """The transformers models inside ``model`` (itself, or under peft or scalar-head wrappers)."""
     return [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+
+
+def own_kernel(config) -> str:
+    """The model's own attention implementation, also when a packed one wraps it."""
+    return config._attn_implementation.removeprefix(PREFIX)
 
 
 def _packable(model: PreTrainedModel) -> bool:
     config = model.config
-    kernel = config._attn_implementation.removeprefix(PREFIX)
     return (
         config.model_type in PACKABLE_MODEL_TYPES
-        and kernel in KERNELS
+        and own_kernel(config) in KERNELS
         and not getattr(config, "reorder_and_upcast_attn", False)  # GPT-2's own eager path
         and not getattr(config, "use_sliding_window", False)
     )
@@ -200,16 +205,15 @@ def _packable(model: PreTrainedModel) -> bool:
 def enable_packing(model: nn.Module) -> bool:
     """Let ``model`` (a causal LM, a scalar-head model, a peft or ``ValueHeadLM`` wrapper)
     take packed inputs: True, or False (and nothing changed) if a transformer in it cannot."""
-    inner = _transformers(model)
+    inner = transformer_models(model)
     if not inner or not all(_packable(m) for m in inner):
         return False
     for m in inner:
-        kernel = m.config._attn_implementation.removeprefix(PREFIX)
-        m.set_attn_implementation(PREFIX + kernel)
+        m.set_attn_implementation(PREFIX + own_kernel(m.config))
     return True
 
 
 def packing_enabled(model: nn.Module) -> bool:
     """Whether every transformer in ``model`` runs a packed attention (``enable_packing``)."""
-    inner = _transformers(model)
+    inner = transformer_models(model)
     return bool(inner) and all(m.config._attn_implementation.startswith(PREFIX) for m in inner)

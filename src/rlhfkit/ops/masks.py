@@ -114,3 +114,11 @@ def position_ids_from_mask(mask: torch.Tensor) -> torch.Tensor:
     padded positions get 0 (they are masked out of attention anyway).
     """
     return ((mask != 0).long().cumsum(dim=-1) - 1).clamp(min=0)
+
+
+def additive_mask(visible: torch.Tensor) -> torch.Tensor:
+    """A boolean attention mask (True = may attend) as the float mask eager attention kernels
+    add to their scores: 0 where visible, the most negative float32 elsewhere."""
+    return torch.zeros(visible.shape, device=visible.device).masked_fill(
+        ~visible, torch.finfo(torch.float32).min
+    )
