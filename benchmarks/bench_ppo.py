@@ -42,9 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
-from common import MachineLoad, peak_rss_mib  # noqa: E402
+from common import MachineLoad, peak_rss_mib, scored_head_from_seqcls  # noqa: E402
 from transformers import (  # noqa: E402
-    AutoModelForSequenceClassification,
     GPT2Config,
     GPT2LMHeadModel,
     PreTrainedTokenizerFast,
@@ -56,16 +55,6 @@ from rlhfkit.trainers.ppo import PPOTrainer  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
 
 BASE_ASSET = Path(__file__).resolve().parents[1] / "src" / "rlhfkit" / "assets" / "base"
-
-
-def _scored_head_from_seqcls(path: Path, cls):
-    """Our scalar-head model from a GPT2ForSequenceClassification (score has no bias)."""
-    seqcls = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-    model = cls(seqcls.transformer)
-    with torch.no_grad():
-        model.score.weight.copy_(seqcls.score.weight)
-        model.score.bias.zero_()
-    return model
 
 
 def _prompt_texts(path: Path | None, n: int) -> list[str]:
@@ -124,8 +113,8 @@ def load_models(assets: Path | None):
         tokenizer = load_tokenizer(assets / "tokenizer", padding_side="left")
         policy = load_causal_lm(assets / "policy", tokenizer=tokenizer)
         reference = load_causal_lm(assets / "policy", tokenizer=tokenizer)
-        critic = _scored_head_from_seqcls(assets / "reward_model", ValueModel)
-        reward_model = _scored_head_from_seqcls(assets / "reward_model", RewardModel)
+        critic = scored_head_from_seqcls(assets / "reward_model", ValueModel)
+        reward_model = scored_head_from_seqcls(assets / "reward_model", RewardModel)
         parts = (tokenizer, policy, reference, critic, reward_model)
         return f"peer assets {assets} (the models TRL runs on)", *parts, assets / "prompts.jsonl"
     if (BASE_ASSET / "config.json").is_file():

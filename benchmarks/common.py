@@ -1,5 +1,6 @@
-"""What the benchmarks share: offline Hugging Face settings, the machine's load and the
-step times read back from a run's ``metrics.jsonl``.
+"""What the benchmarks share: offline Hugging Face settings, the machine's load, the
+step times read back from a run's ``metrics.jsonl``, and rlhfkit's scalar-head models from a
+transformers sequence-classification reward model.
 
 Import it before torch or transformers: the offline settings are read when they load.
 """
@@ -65,3 +66,17 @@ def logged_steps(metrics: Path) -> tuple[list[dict], list[float]]:
         b - a for a, b in zip(stamps, stamps[1:], strict=False)
     ]
     return rows, times
+
+
+def scored_head_from_seqcls(path: Path, cls):
+    """rlhfkit's scalar-head model ``cls`` (``RewardModel`` / ``ValueModel``) holding the weights
+    of a GPT2ForSequenceClassification (num_labels=1; its score layer has no bias)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    seqcls = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    model = cls(seqcls.transformer)
+    with torch.no_grad():
+        model.score.weight.copy_(seqcls.score.weight)
+        model.score.bias.zero_()
+    return model

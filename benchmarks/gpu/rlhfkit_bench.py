@@ -39,8 +39,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1] / "src")]
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parents[1] / "src")]
 import workloads as wl  # noqa: E402  (sets the offline variables before transformers loads)
+from common import scored_head_from_seqcls  # noqa: E402
 
 NO_EOS_TOKEN = "<|no-eos|>"
 
@@ -57,20 +58,6 @@ def no_eos_tokenizer(path: Path, vocab_rows: int):
             f"eos {tokenizer.eos_token_id} / pad {tokenizer.pad_token_id} vs {vocab_rows} rows"
         )
     return tokenizer
-
-
-def scored_head(path: Path, cls):
-    """rlhfkit's scalar-head model (``RewardModel`` / ``ValueModel``) holding the weights of a
-    GPT2ForSequenceClassification (its score layer has no bias)."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    seqcls = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-    model = cls(seqcls.transformer)
-    with torch.no_grad():
-        model.score.weight.copy_(seqcls.score.weight)
-        model.score.bias.zero_()
-    return model
 
 
 def common_fields(w: wl.Workload, args, out: str) -> dict:
@@ -116,8 +103,10 @@ def run_ppo(w: wl.Workload, assets: Path, args, out: str):
     policy = load_causal_lm(assets / "policy")
     reference = load_causal_lm(assets / "policy")
     tokenizer = no_eos_tokenizer(assets / "tokenizer", policy.config.vocab_size)
-    critic = scored_head(assets / "reward_model", ValueModel)
-    reward_model = scored_head(assets / "reward_model", RewardModel).eval().requires_grad_(False)
+    critic = scored_head_from_seqcls(assets / "reward_model", ValueModel)
+    reward_model = (
+        scored_head_from_seqcls(assets / "reward_model", RewardModel).eval().requires_grad_(False)
+    )
     prompts = [r["input_ids"] for r in wl.read_jsonl(assets / "prompts.jsonl")]
     config = PPOConfig(
         model="in-memory",
