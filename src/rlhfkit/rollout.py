@@ -223,9 +223,8 @@ def make_rollout(
     """Generate, forward, score, shape rewards, GAE: one batch of PPO experience.
 
     After sampling, the policy and critic passes run beside the reference pass and the
-    scorer with ``parallel``, each side on half the CPU's threads (``parallel.py``): on the
-    PPO benchmark that phase takes 205-232 ms against 254-275 ms in turn, with the same
-    numbers. A LoRA policy, whose reference is the same module, runs them in turn.
+    scorer with ``parallel``, each side on half the CPU's threads (``parallel.py``): faster on
+    a CPU, with the same numbers (docs/ppo.md). A LoRA policy, whose reference is the same module, runs them in turn.
 
     Args:
         models: policy, reference and critic (put in eval mode here; the caller switches back).

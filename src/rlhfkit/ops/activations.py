@@ -6,12 +6,9 @@ section 2; GPT-2's ``gelu_new``; torch's ``gelu(approximate="tanh")``).
 A bf16 or fp16 tensor holds at most 65,536 distinct values, so the GELU and its derivative
 are two tables of 65,536 entries, computed once per dtype by torch's own kernels; a call reads
 them at the input's bit patterns. torch's CPU kernel evaluates ``tanh`` per element, which is
-what dominates its cost: on the PPO benchmark's MLP activations (368 x 1024 bf16, one core)
-the table is 3.0x faster forward (250 against 745 us) and 1.9x backward (380 against 730 us).
-Inside a PPO step the lookups share the cache with the matrix products: torch.profiler puts
-the GELU's share of the benchmark's policy step at 4.2 ms against 6.0 ms with torch's kernel,
-and the benchmark's 16 policy and 16 critic steps (one core, alternated five times in one
-process) took 2.25 s against 2.37 s. The forward is torch's own result for every input; the
+what dominates its cost, so a lookup is several times faster even inside a PPO step, where the
+tables share the cache with the matrix products (measurements: docs/ppo.md, speed on a CPU).
+The forward is torch's own result for every input; the
 backward multiplies the fp32 derivative by the incoming gradient in fp32 and rounds once, as
 torch's kernel does.
 

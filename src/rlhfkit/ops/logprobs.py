@@ -10,11 +10,9 @@ do the same per row; we loop per block of positions.
 
 Block size: on a GPU 1024 positions. On a CPU a block holds ``CPU_BLOCK_ELEMENTS`` logits
 (2 MB in float32), whatever the vocabulary: a block that stays in cache is several times
-faster than one that does not. Measured on (32, 32, 4096) bf16 logits, 2 threads: the
-entropy takes 4.5 ms in blocks of 2^19 logits against 33 ms in one block; log-probs forward
-and backward 5.1 against 7.2 ms. Each block runs torch's fused ``log_softmax`` / ``softmax``
-kernels with a float32 result, which read bf16 logits without a separate cast (2.5 against
-4.7 ms for the update's (8, 32, 4096) log-probs, forward and backward, one thread).
+faster than one that does not. Each block runs torch's fused ``log_softmax`` / ``softmax``
+kernels with a float32 result, which read bf16 logits without a separate cast (measurements:
+docs/ppo.md, speed on a CPU).
 
 Alignment: a causal LM's logits at position t are the distribution of token t + 1, so the
 log-probability of ``input_ids[:, t + 1]`` is read from ``logits[:, t]``. ``shifted_logprobs``
