@@ -68,7 +68,7 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     import torch
 
     torch.set_num_threads(threads)
-    from rlhfkit.models import load_causal_lm, load_reference, load_tokenizer
+    from rlhfkit.models.loading import load_causal_lm, load_reference, load_tokenizer
     from rlhfkit.trainers.dpo import DPOTrainer, load_pairs
     from rlhfkit.trainers.dpo_config import DPOConfig
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Sampling speed of ``rlhfkit.generation.generate`` against a bare KV-cached decode loop.
+"""Sampling speed of ``rlhfkit.experience.generation.generate`` against a bare KV-cached decode loop.
 
 Workload: the PPO rollout's sampling in the GPU benchmark (``benchmarks/gpu/``): a
 GPT-2-124M-shaped model (12 layers x 768, vocabulary 50257, random weights with a fixed
@@ -41,7 +41,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, StaticCache
 
 from rlhfkit.data import pad
-from rlhfkit.generation import SamplingConfig, generate
+from rlhfkit.experience.generation import SamplingConfig, generate
 
 
 def _sync(device: torch.device) -> None:

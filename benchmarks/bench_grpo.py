@@ -57,8 +57,8 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
 
     torch.set_num_threads(threads)
     from rlhfkit.data import load_prompts
-    from rlhfkit.models import load_causal_lm, load_tokenizer
-    from rlhfkit.scorers import FunctionScorer
+    from rlhfkit.experience.scorers import FunctionScorer
+    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
     from rlhfkit.trainers.grpo import GRPOTrainer
     from rlhfkit.trainers.grpo_config import GRPOConfig
 

@@ -49,8 +49,8 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
 )
 
-from rlhfkit.models import RewardModel, ValueModel, load_causal_lm, load_tokenizer  # noqa: E402
-from rlhfkit.scorers import RewardModelScorer  # noqa: E402
+from rlhfkit.experience.scorers import RewardModelScorer  # noqa: E402
+from rlhfkit.models.loading import RewardModel, ValueModel, load_causal_lm, load_tokenizer  # noqa: E402
 from rlhfkit.trainers.ppo import PPOTrainer  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
 

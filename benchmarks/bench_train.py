@@ -170,7 +170,7 @@ def _token_count(example) -> int:
 
 
 def _examples(config, loader):
-    from rlhfkit.models import load_tokenizer
+    from rlhfkit.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(config.model)
     return loader(config.train_data, tokenizer, config, config.train_split, None)

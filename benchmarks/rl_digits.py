@@ -15,7 +15,7 @@ Measured:
   responses, and the KL to the reference as each trainer logs it (k1 summed over the
   response, mean over the batch);
 - before and after training, on held-out prompts (the ``test`` split, one fixed-seed sample
-  per prompt at temperature 1, ``rlhfkit.measures.evaluate_policy``): mean digits score,
+  per prompt at temperature 1, ``rlhfkit.evaluation.measures.evaluate_policy``): mean digits score,
   distinct-2 of the responses (the "411 411 355 355" check), mean length in tokens, and the
   sampled KL to the base model.
 
@@ -52,9 +52,9 @@ import common  # noqa: E402, F401  (offline settings, before torch)
 import torch  # noqa: E402
 
 from rlhfkit.data import load_prompts  # noqa: E402
-from rlhfkit.generation import SamplingConfig  # noqa: E402
-from rlhfkit.measures import evaluate_policy, gold_scorer, summarize  # noqa: E402
-from rlhfkit.models import freeze, load_causal_lm, load_tokenizer  # noqa: E402
+from rlhfkit.evaluation.measures import evaluate_policy, gold_scorer, summarize  # noqa: E402
+from rlhfkit.experience.generation import SamplingConfig  # noqa: E402
+from rlhfkit.models.loading import freeze, load_causal_lm, load_tokenizer  # noqa: E402
 from rlhfkit.tasks import BASE_MODEL_DIR, demo_data  # noqa: E402
 from rlhfkit.tracking import read_jsonl  # noqa: E402
 from rlhfkit.trainers.grpo import run_grpo  # noqa: E402

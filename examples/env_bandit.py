@@ -10,9 +10,9 @@ hacks the digits reward with "411 411 355 ...". The model defaults to the bundle
 
 import argparse
 
-from rlhfkit.env import LMAgent, TextEnv
-from rlhfkit.generation import SamplingConfig
-from rlhfkit.scorers import parse_scorer
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorer_loading import parse_scorer
+from rlhfkit.interact.env import LMAgent, TextEnv
 from rlhfkit.tasks import BASE_MODEL_DIR
 
 PROMPTS = ["In the year", "She counted the coins:", "The house stood at number", "It was"]

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhfkit.generation import SamplingConfig, generate
+from rlhfkit.experience.generation import SamplingConfig, generate
 from rlhfkit.tasks import BASE_MODEL_DIR, CORPUS_DIR, DEMO_DATA_DIR, gold_score
 
 log = logging.getLogger("make_demo_data")

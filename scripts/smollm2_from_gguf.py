@@ -42,7 +42,7 @@ from gguf import GGUFReader
 from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from rlhfkit.models import save_pretrained_atomic
+from rlhfkit.models.loading import save_pretrained_atomic
 
 log = logging.getLogger("smollm2_from_gguf")
 

@@ -26,7 +26,7 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
 )
 
-from rlhfkit.scorers import Scorer  # noqa: E402
+from rlhfkit.experience.scorers import Scorer  # noqa: E402
 
 # The test models are tiny: a second thread costs more in synchronisation than it saves, and
 # on a busy machine it makes each forward many times slower (measured: 440 ms vs 5.5 ms).

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from rlhfkit import allocator
+from rlhfkit.runtime import allocator
 
 glibc = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only"
@@ -23,7 +23,7 @@ STEPS = textwrap.dedent(
     import resource, sys
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-    from rlhfkit.allocator import retain_freed_memory
+    from rlhfkit.runtime.allocator import retain_freed_memory
 
     if sys.argv[1] == "retain":
         assert retain_freed_memory(torch.device("cpu"))

@@ -7,11 +7,11 @@ import pexpect
 import pytest
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.chat import USER_PROMPT, ChatConfig, chat_loop
 from rlhfkit.config import ConfigError
-from rlhfkit.env import LMAgent
-from rlhfkit.generation import SamplingConfig
-from rlhfkit.scorers import parse_scorer
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorer_loading import parse_scorer
+from rlhfkit.interact.chat import USER_PROMPT, ChatConfig, chat_loop
+from rlhfkit.interact.env import LMAgent
 from rlhfkit.tasks import digits_score
 
 RLHFKIT = Path(sys.executable).with_name("rlhfkit")  # the console script of this environment

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from rlhfkit.cli import COMMANDS, main
 from rlhfkit.config import RewardConfig
-from rlhfkit.models import RewardModel
+from rlhfkit.models.loading import RewardModel
 
 
 def test_top_level_help_lists_commands(capsys):

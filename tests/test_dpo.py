@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 from conftest import _OBJECTS, _SUBJECTS, _VERBS
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
-from rlhfkit.models import disable_dropout
+from rlhfkit.models.loading import disable_dropout
 from rlhfkit.trainers.dpo import (
     DPOCollator,
     DPOPair,

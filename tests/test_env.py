@@ -1,4 +1,4 @@
-"""TextEnv (bandit and chat modes, Gymnasium API), its PPO hooks, LMAgent and scorers.parse_scorer."""
+"""TextEnv (bandit and chat modes, Gymnasium API), its PPO hooks, LMAgent and scorer_loading.parse_scorer."""
 
 import copy
 
@@ -8,11 +8,12 @@ from gymnasium.utils.env_checker import check_env
 from transformers import AutoModelForCausalLM
 
 from rlhfkit.data import encode_prompts
-from rlhfkit.env import LMAgent, TextEnv, encode_for_scoring
-from rlhfkit.generation import GenerationOutput, SamplingConfig
-from rlhfkit.models import RewardModel
-from rlhfkit.perplexity import PerplexityScorer
-from rlhfkit.scorers import FunctionScorer, RewardModelScorer, parse_scorer
+from rlhfkit.experience.generation import GenerationOutput, SamplingConfig
+from rlhfkit.experience.perplexity import PerplexityScorer
+from rlhfkit.experience.scorer_loading import parse_scorer
+from rlhfkit.experience.scorers import FunctionScorer, RewardModelScorer
+from rlhfkit.interact.env import LMAgent, TextEnv, encode_for_scoring
+from rlhfkit.models.loading import RewardModel
 from rlhfkit.tasks import digits_reward
 
 PROMPTS = ["The cat likes", "A dog sees", "My friend reads"]

@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from rlhfkit.data import Comparison
-from rlhfkit.evaluate import EvalConfig, evaluate
-from rlhfkit.generation import SamplingConfig
-from rlhfkit.measures import (
+from rlhfkit.evaluation.evaluate import EvalConfig, evaluate
+from rlhfkit.evaluation.measures import (
     PolicySamples,
     reward_model_accuracy,
     sample_kl,
     summarize,
     win_rate,
 )
-from rlhfkit.models import RewardModel
-from rlhfkit.sampling import best_of_n_expected, best_of_n_kl, sample_responses
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.interact.sampling import best_of_n_expected, best_of_n_kl, sample_responses
+from rlhfkit.models.loading import RewardModel
 
 PROMPTS = ["The cat sees", "A small bird wants a new", "We"]
 

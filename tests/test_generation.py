@@ -7,9 +7,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from rlhfkit.data import pad
-from rlhfkit.decoding import static_cache_supported
-from rlhfkit.generation import SamplingConfig, filter_logits, generate, sample_next_token
-from rlhfkit.packing import enable_packing
+from rlhfkit.experience.generation import SamplingConfig, filter_logits, generate, sample_next_token
+from rlhfkit.runtime.decoding import static_cache_supported
+from rlhfkit.runtime.packing import enable_packing
 
 EOS, PAD, VOCAB = 0, 1, 8
 

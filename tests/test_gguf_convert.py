@@ -160,7 +160,7 @@ def test_saves_bfloat16_by_default(tmp_path):
 
 def test_smollm2_pipeline_config_derives_every_stage():
     from rlhfkit.config import load_config
-    from rlhfkit.pipeline_config import PipelineConfig, stage_configs
+    from rlhfkit.pipeline.config import PipelineConfig, stage_configs
 
     config = load_config(PipelineConfig, SCRIPT.parents[1] / "configs" / "smollm2.yaml")
     stages = stage_configs(config)

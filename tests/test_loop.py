@@ -14,9 +14,9 @@ from accelerate.state import AcceleratorState
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import TrainConfig
 from rlhfkit.tracking import read_jsonl
-from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import Trainer, epoch_order
 
 SEQ_LEN = 12

@@ -1,4 +1,4 @@
-"""Tests for rlhfkit.models: loading, scalar heads, padding, LoRA and atomic checkpoints."""
+"""Tests for rlhfkit.models.loading: loading, scalar heads, padding, LoRA and atomic checkpoints."""
 
 import logging
 
@@ -8,8 +8,7 @@ from peft import PeftModel
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from rlhfkit.lora import add_lora, merge_lora, reference_mode
-from rlhfkit.models import (
+from rlhfkit.models.loading import (
     HEAD_CONFIG,
     HEAD_WEIGHTS,
     RewardModel,
@@ -22,6 +21,7 @@ from rlhfkit.models import (
     prepare_model,
     save_pretrained_atomic,
 )
+from rlhfkit.models.lora import add_lora, merge_lora, reference_mode
 
 SEQS = [[5, 17, 42, 99, 7], [8, 3], [250, 11, 64]]
 
@@ -79,7 +79,7 @@ def test_load_tokenizer_keeps_existing_distinct_pad(tiny_model_dir, tiny_tokeniz
 def test_load_tokenizer_adds_distinct_pad_and_lm_resizes(tmp_path, tiny_model_dir, caplog):
     tok_dir = _tokenizer_without_pad(tmp_path)
     n_before = len(PreTrainedTokenizerFast.from_pretrained(tok_dir))
-    with caplog.at_level(logging.INFO, logger="rlhfkit.models"):
+    with caplog.at_level(logging.INFO, logger="rlhfkit.models.loading"):
         tok = load_tokenizer(tok_dir)
     assert "added <|pad|>" in caplog.text
     assert tok.pad_token == "<|pad|>"
@@ -294,7 +294,7 @@ def test_loading_and_prepare_model_fuse_gelu_and_set_attention_without_changing_
 ):
     from transformers.activations import NewGELUActivation
 
-    from rlhfkit.models import TanhGELU
+    from rlhfkit.models.loading import TanhGELU
 
     def fused(m):
         return not any(type(mod) is NewGELUActivation for mod in m.modules()) and any(

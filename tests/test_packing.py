@@ -20,17 +20,17 @@ from transformers import (
 )
 
 from rlhfkit.data import pad
-from rlhfkit.lora import add_lora, reference_mode
-from rlhfkit.models import RewardModel, ValueModel
-from rlhfkit.packing import (
+from rlhfkit.experience.scorers import RewardModelScorer, ScoreInput
+from rlhfkit.models.loading import RewardModel, ValueModel
+from rlhfkit.models.lora import add_lora, reference_mode
+from rlhfkit.models.passes import ValueHeadLM, critic_values, response_logits, sequence_inputs
+from rlhfkit.runtime.packing import (
     WIDTH_STEP,
     PackedRows,
     enable_packing,
     packed_length,
     packing_enabled,
 )
-from rlhfkit.passes import ValueHeadLM, critic_values, response_logits, sequence_inputs
-from rlhfkit.scorers import RewardModelScorer, ScoreInput
 from test_ppo import _trainer, _weights
 
 VOCAB = 97

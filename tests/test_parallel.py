@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from rlhfkit.parallel import run_parallel
+from rlhfkit.runtime.parallel import run_parallel
 
 
 def test_tasks_overlap_each_on_one_thread_and_return_in_order(two_threads):

@@ -8,8 +8,12 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from rlhfkit.data import pad
-from rlhfkit.perplexity import PerplexityScorer, log_perplexity_from_logits, response_log_perplexity
-from rlhfkit.scorers import ScoreInput
+from rlhfkit.experience.perplexity import (
+    PerplexityScorer,
+    log_perplexity_from_logits,
+    response_log_perplexity,
+)
+from rlhfkit.experience.scorers import ScoreInput
 
 QUERIES = [[5, 17, 42], [9], [33, 2, 71, 8, 19]]
 RESPONSES = [[11, 12, 0], [100, 3, 7, 250, 0], [64]]  # 0 is the tiny tokenizer's EOS

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny_corpus
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError, load_config
-from rlhfkit.models import RewardModel, ValueModel, load_causal_lm
-from rlhfkit.pipeline import run_pipeline
-from rlhfkit.pipeline_config import PipelineConfig, stage_configs
-from rlhfkit.report import TABLE_COLUMNS, load_eval
-from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.evaluation.report import TABLE_COLUMNS, load_eval
+from rlhfkit.models.loading import RewardModel, ValueModel, load_causal_lm
+from rlhfkit.pipeline.config import PipelineConfig, stage_configs
+from rlhfkit.pipeline.run import run_pipeline
 
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_tiny.yaml"
 STAGES = ("sft", "reward", "ppo", "dpo", "eval")
@@ -96,7 +96,7 @@ def test_rerun_skips_finished_stages_and_resumes_an_interrupted_one(finished, ca
     config, _ = finished
     run = config.run_dir
     finals = {s: (run / s / "final" / ckpt.STATE_FILE).stat().st_mtime for s in ("sft", "dpo")}
-    caplog.set_level(logging.INFO, logger="rlhfkit.pipeline")
+    caplog.set_level(logging.INFO, logger="rlhfkit.pipeline.run")
     run_pipeline(config)
     for stage in STAGES:
         assert f"{stage}: already done, skipped" in caplog.text
@@ -121,7 +121,7 @@ def test_unknown_stage_field_is_named(tmp_path):
 
 
 def test_report_from_fake_results(tmp_path):
-    from rlhfkit.report import format_table, write_report
+    from rlhfkit.evaluation.report import format_table, write_report
 
     stage = tmp_path / "ppo"
     _write_jsonl(
@@ -171,7 +171,7 @@ def test_report_from_fake_results(tmp_path):
 
 
 def test_demo_config_is_valid_for_every_stage():
-    from rlhfkit.pipeline_config import demo_config_path
+    from rlhfkit.pipeline.config import demo_config_path
 
     stages = stage_configs(load_config(PipelineConfig, demo_config_path(), output_dir="runs/x"))
     assert stages.ppo.model == stages.dpo.model == stages.eval.reference == "runs/x/sft/final"

@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import TARGETS, TargetFraction, tiny_lm, tiny_prompts
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
-from rlhfkit.lora import add_lora
-from rlhfkit.models import ValueModel
-from rlhfkit.passes import ValueHeadLM
-from rlhfkit.scorers import RewardModelScorer
-from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.experience.scorers import RewardModelScorer
+from rlhfkit.models.loading import ValueModel
+from rlhfkit.models.lora import add_lora
+from rlhfkit.models.passes import ValueHeadLM
 from rlhfkit.trainers.loop import OPTIMIZER_FILE
 from rlhfkit.trainers.ppo import PPOTrainer
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -128,8 +128,8 @@ def test_the_reward_model_gets_the_trainers_gelu_attention_and_packing(
 ):
     from transformers.activations import NewGELUActivation
 
-    from rlhfkit.models import RewardModel, TanhGELU
-    from rlhfkit.scorers import WeightedScorer
+    from rlhfkit.experience.scorers import WeightedScorer
+    from rlhfkit.models.loading import RewardModel, TanhGELU
 
     reward_model = RewardModel(tiny_lm(tiny_tokenizer, seed=2).transformer)
     scorer = WeightedScorer([(RewardModelScorer(reward_model), 1.0), (TargetFraction(), 0.5)])

@@ -16,7 +16,7 @@ from rlhfkit.data import (
     encode_comparisons,
     encode_demonstrations,
 )
-from rlhfkit.models import RewardModel
+from rlhfkit.models.loading import RewardModel
 from rlhfkit.ops.losses import pairwise_logsigmoid_loss, ranking_loss
 from rlhfkit.trainers.reward import (
     RewardTrainer,

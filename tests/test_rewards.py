@@ -7,8 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2Model
 
 from rlhfkit.data import pad
-from rlhfkit.models import RewardModel
-from rlhfkit.rewards import (
+from rlhfkit.experience.rewards import (
     AdaptiveKLController,
     FixedKLController,
     RunningMoments,
@@ -16,15 +15,16 @@ from rlhfkit.rewards import (
     process_scores,
     shape_rewards,
 )
-from rlhfkit.scorers import (
+from rlhfkit.experience.scorer_loading import load_function
+from rlhfkit.experience.scorers import (
     FunctionScorer,
     RewardModelScorer,
     ScoreError,
     ScoreInput,
     WeightedScorer,
     as_scorer,
-    load_function,
 )
+from rlhfkit.models.loading import RewardModel
 
 PAD = 1
 

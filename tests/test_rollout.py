@@ -9,19 +9,19 @@ import pytest
 import torch
 
 from rlhfkit.data import pad
-from rlhfkit.generation import SamplingConfig
-from rlhfkit.ops.advantages import gae
-from rlhfkit.ops.masks import last_token_index, masked_mean
-from rlhfkit.passes import critic_values, sequence_inputs
-from rlhfkit.rewards import RunningMoments, ScoreOptions
-from rlhfkit.rollout import (
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.rewards import RunningMoments, ScoreOptions
+from rlhfkit.experience.rollout import (
     Rollout,
     RolloutModels,
     RolloutSettings,
     explained_variance,
     make_rollout,
 )
-from rlhfkit.scorers import FunctionScorer, ScoreError
+from rlhfkit.experience.scorers import FunctionScorer, ScoreError
+from rlhfkit.models.passes import critic_values, sequence_inputs
+from rlhfkit.ops.advantages import gae
+from rlhfkit.ops.masks import last_token_index, masked_mean
 
 EOS, PAD, VOCAB = 0, 1, 12
 

@@ -7,15 +7,15 @@ import pytest
 import torch
 
 from rlhfkit.data import Demonstration, load_records
-from rlhfkit.generation import SamplingConfig
-from rlhfkit.sampling import (
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorers import FunctionScorer
+from rlhfkit.interact.sampling import (
     BestOfN,
     BestOfNConfig,
     best_of_n,
     run_bon,
     write_demonstrations,
 )
-from rlhfkit.scorers import FunctionScorer
 
 PROMPTS = ["The cat likes", "A dog sees", "My friend finds"]
 

@@ -49,7 +49,7 @@ NO_EOS_TOKEN = "<|no-eos|>"
 def no_eos_tokenizer(path: Path, vocab_rows: int):
     """The tokenizer with EOS moved to a new token past the model's ``vocab_rows`` rows: the
     sampler can never produce it, so no response ends early."""
-    from rlhfkit.models import load_tokenizer
+    from rlhfkit.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer(path, padding_side="left")
     tokenizer.add_special_tokens({"eos_token": NO_EOS_TOKEN})
@@ -94,9 +94,9 @@ def response_length(output, args, kwargs) -> float:
 
 # ----------------------------------------------------------------------------- workloads
 def run_ppo(w: wl.Workload, assets: Path, args, out: str):
-    import rlhfkit.rollout
-    from rlhfkit.models import RewardModel, ValueModel, load_causal_lm
-    from rlhfkit.scorers import RewardModelScorer
+    import rlhfkit.experience.rollout
+    from rlhfkit.experience.scorers import RewardModelScorer
+    from rlhfkit.models.loading import RewardModel, ValueModel, load_causal_lm
     from rlhfkit.trainers.ppo import PPOTrainer
     from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -134,8 +134,8 @@ def run_ppo(w: wl.Workload, assets: Path, args, out: str):
         critic=critic,
     )
     init = time.perf_counter() - started
-    timer = wl.GenerationTimer(rlhfkit.rollout.generate, response_length)
-    rlhfkit.rollout.generate = timer
+    timer = wl.GenerationTimer(rlhfkit.experience.rollout.generate, response_length)
+    rlhfkit.experience.rollout.generate = timer
     rows = []
     times = timed_steps(lambda: rows.append(trainer.step()[0]), w.iterations)
     extra = {
@@ -151,8 +151,8 @@ def run_grpo(w: wl.Workload, assets: Path, args, out: str):
     from accelerate.utils import set_seed
 
     import rlhfkit.trainers.grpo as grpo
-    from rlhfkit.models import load_causal_lm
-    from rlhfkit.scorers import FunctionScorer
+    from rlhfkit.experience.scorers import FunctionScorer
+    from rlhfkit.models.loading import load_causal_lm
     from rlhfkit.trainers.grpo_config import GRPOConfig
 
     policy = load_causal_lm(assets / "policy")
@@ -193,7 +193,7 @@ def run_grpo(w: wl.Workload, assets: Path, args, out: str):
 def run_dpo(w: wl.Workload, assets: Path, args, out: str):
     from accelerate.utils import set_seed
 
-    from rlhfkit.models import load_causal_lm, load_tokenizer
+    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
     from rlhfkit.trainers.dpo import DPOTrainer, load_pairs
     from rlhfkit.trainers.dpo_config import DPOConfig
 
@@ -236,7 +236,7 @@ def run_sft(w: wl.Workload, assets: Path, args, out: str):
     from accelerate.utils import set_seed
 
     from rlhfkit.config import SFTConfig
-    from rlhfkit.models import load_causal_lm, load_tokenizer
+    from rlhfkit.models.loading import load_causal_lm, load_tokenizer
     from rlhfkit.trainers.sft import SFTTrainer, load_demonstrations
 
     tokenizer = load_tokenizer(assets / "tokenizer")

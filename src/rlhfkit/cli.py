@@ -5,6 +5,7 @@
     rlhfkit sft --config configs/sft.yaml --learning_rate 3e-4 --max_steps 100
     rlhfkit rm  --config configs/rm.yaml             (alias: rlhfkit reward)
     rlhfkit --verbose sft ...                        also the libraries' own progress bars
+    rlhfkit label serve --db runs/label/labels.db    a command of a group (`rlhfkit label --help`)
 
 Each command is one line in `COMMANDS`: a config dataclass and a `run(config)` function, both
 named as "module:attribute" and imported only when that command runs, so `rlhfkit --help`
@@ -56,28 +57,28 @@ COMMANDS: dict[str, Command] = {
         "PPO against the reward model with a KL penalty to the SFT model (InstructGPT step 3)",
     ),
     "chat": Command(
-        "rlhfkit.chat:ChatConfig",
-        "rlhfkit.chat:run_chat",
+        "rlhfkit.interact.chat:ChatConfig",
+        "rlhfkit.interact.chat:run_chat",
         "talk to a checkpoint in the terminal, each reply's reward shown",
     ),
     "sample": Command(
-        "rlhfkit.chat:SampleConfig",
-        "rlhfkit.chat:run_sample",
+        "rlhfkit.interact.chat:SampleConfig",
+        "rlhfkit.interact.chat:run_sample",
         "print sampled continuations of prompts, to see what a checkpoint writes",
     ),
     "pipeline": Command(
-        "rlhfkit.pipeline_config:PipelineConfig",
-        "rlhfkit.pipeline:run_pipeline",
+        "rlhfkit.pipeline.config:PipelineConfig",
+        "rlhfkit.pipeline.run:run_pipeline",
         "SFT -> reward model -> PPO, with DPO and best-of-n, then evaluation and the report",
     ),
     "demo": Command(
-        "rlhfkit.pipeline_config:DemoConfig",
-        "rlhfkit.pipeline:run_demo",
+        "rlhfkit.pipeline.config:DemoConfig",
+        "rlhfkit.pipeline.run:run_demo",
         "the pipeline on the bundled tiny English model (configs/demo.yaml), in minutes",
     ),
     "eval": Command(
-        "rlhfkit.evaluate:EvalConfig",
-        "rlhfkit.pipeline:run_eval",
+        "rlhfkit.evaluation.evaluate:EvalConfig",
+        "rlhfkit.pipeline.run:run_eval",
         "gold score, reward, KL, win rate and diversity of models on held-out prompts",
     ),
     "dpo": Command(
@@ -96,11 +97,32 @@ COMMANDS: dict[str, Command] = {
         "critic-free RL with the leave-one-out baseline (RLOO)",
     ),
     "bon": Command(
-        "rlhfkit.sampling:BestOfNConfig",
-        "rlhfkit.sampling:run_bon",
+        "rlhfkit.interact.sampling:BestOfNConfig",
+        "rlhfkit.interact.sampling:run_bon",
         "best-of-n sampling; writes the picks as demonstrations",
     ),
+    "label prepare": Command(
+        "rlhfkit.labelling.prepare:PrepareConfig",
+        "rlhfkit.labelling.prepare:run_prepare",
+        "K >= 2 responses per prompt, from models or a file, into a labelling database",
+    ),
+    "label serve": Command(
+        "rlhfkit.labelling.serve:ServeConfig",
+        "rlhfkit.labelling.serve:run_serve",
+        "the labelling web app: people compare or rank the responses",
+    ),
+    "label export": Command(
+        "rlhfkit.labelling.export:ExportConfig",
+        "rlhfkit.labelling.export:run_export",
+        "the votes as comparisons and rankings for `rlhfkit rm` and `rlhfkit dpo`",
+    ),
 }
+
+GROUPS: dict[str, str] = {
+    "label": "human preference labelling: prepare the tasks, serve the web app, export the votes",
+}
+"""Command groups and their help lines: a group's commands are the two-word names
+"<group> <command>" in `COMMANDS`."""
 
 
 def _load(target: str) -> Any:
@@ -114,6 +136,29 @@ def _resolve(name: str) -> tuple[str, Command] | None:
         if name == command_name or name in command.aliases:
             return command_name, command
     return None
+
+
+def _command_of(argv: Sequence[str]) -> tuple[str, list[str]] | None:
+    """The command `argv` starts with (two words for a group's command) and its arguments."""
+    words = 2 if argv and argv[0] in GROUPS else 1
+    name = " ".join(argv[:words])
+    if len(argv) < words or _resolve(name) is None:
+        return None
+    return name, list(argv[words:])
+
+
+def _group_parser(group: str) -> argparse.ArgumentParser:
+    """The `rlhfkit <group> --help` listing (each command parses its own options)."""
+    parser = argparse.ArgumentParser(
+        prog=f"rlhfkit {group}",
+        description=GROUPS[group],
+        epilog=f"`rlhfkit {group} <command> --help` documents every option of a command.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    for name, command in COMMANDS.items():
+        if name.startswith(f"{group} "):
+            commands.add_parser(name.removeprefix(f"{group} "), help=command.help)
+    return parser
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -158,9 +203,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = bool(argv) and argv[0] == "--verbose"
     argv = argv[verbose:]
-    if not argv or argv[0].startswith("-") or _resolve(argv[0]) is None:
-        _top_parser().parse_args(argv)  # prints the help, or the error, and exits
+    found = _command_of(argv)
+    if found is None:  # print the help, or the error, and exit
+        if argv and argv[0] in GROUPS:
+            _group_parser(argv[0]).parse_args(argv[1:])
+        else:
+            _top_parser().parse_args(argv)
         return 2
+    name, args = found
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -169,11 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rlhfkit.data import DataError
 
     try:
-        result, config = run_command(argv[0], argv[1:])
+        result, config = run_command(name, args)
     except DataError as error:
-        print(f"rlhfkit {argv[0]}: data error: {error}", file=sys.stderr)
+        print(f"rlhfkit {name}: data error: {error}", file=sys.stderr)
         return 1
-    _print_summary(argv[0], config, result)
+    _print_summary(name, config, result)
     return 0
 
 

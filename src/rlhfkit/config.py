@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from rlhfkit.generation import SamplingConfig
+from rlhfkit.experience.generation import SamplingConfig
 
 # The bundled default (rlhfkit/assets), found from the package so any working directory works.
 ASSETS = str(Path(__file__).resolve().parent / "assets")
@@ -36,7 +36,7 @@ class ConfigError(ValueError):
     """A config field has a value that is not allowed."""
 
 
-def _require(cfg: object, field: str, ok: bool, allowed: str) -> None:
+def require(cfg: object, field: str, ok: bool, allowed: str) -> None:
     """Raise `ConfigError` naming the class, field, value and what is allowed unless `ok`."""
     if not ok:
         value = getattr(cfg, field)
@@ -53,7 +53,7 @@ def _check_literals(cfg: object) -> None:
         choices = _literal_choices(hints[f.name])
         if choices is not None:
             ok = getattr(cfg, f.name) in choices
-            _require(cfg, f.name, ok, "one of " + ", ".join(map(repr, choices)))
+            require(cfg, f.name, ok, "one of " + ", ".join(map(repr, choices)))
 
 
 def _literal_choices(hint: Any) -> tuple | None:
@@ -131,28 +131,28 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check_literals(self)
         for name in ("batch_size", "gradient_accumulation_steps", "eval_batch_size", "num_epochs"):
-            _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
-        _require(self, "max_steps", self.max_steps is None or self.max_steps >= 1, "None or >= 1")
-        _require(self, "learning_rate", 0 < self.learning_rate < math.inf, "a number > 0")
-        _require(self, "weight_decay", self.weight_decay >= 0, "a number >= 0")
+            require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        require(self, "max_steps", self.max_steps is None or self.max_steps >= 1, "None or >= 1")
+        require(self, "learning_rate", 0 < self.learning_rate < math.inf, "a number > 0")
+        require(self, "weight_decay", self.weight_decay >= 0, "a number >= 0")
         for name in ("adam_beta1", "adam_beta2"):
-            _require(self, name, 0 <= getattr(self, name) < 1, "a number in [0, 1)")
-        _require(self, "adam_epsilon", self.adam_epsilon > 0, "a number > 0")
-        _require(self, "max_grad_norm", self.max_grad_norm >= 0, "a number >= 0 (0 = no clipping)")
-        _require(self, "warmup_steps", self.warmup_steps >= 0, "an integer >= 0")
-        _require(self, "warmup_ratio", 0 <= self.warmup_ratio < 1, "a number in [0, 1)")
-        _require(
+            require(self, name, 0 <= getattr(self, name) < 1, "a number in [0, 1)")
+        require(self, "adam_epsilon", self.adam_epsilon > 0, "a number > 0")
+        require(self, "max_grad_norm", self.max_grad_norm >= 0, "a number >= 0 (0 = no clipping)")
+        require(self, "warmup_steps", self.warmup_steps >= 0, "an integer >= 0")
+        require(self, "warmup_ratio", 0 <= self.warmup_ratio < 1, "a number in [0, 1)")
+        require(
             self,
             "warmup_ratio",
             self.warmup_ratio == 0 or self.warmup_steps == 0,
             "0 when warmup_steps is set (give one of the two)",
         )
         for name in ("eval_every", "save_every"):
-            _require(self, name, getattr(self, name) >= 0, "an integer >= 0 (0 = only at the end)")
-        _require(self, "log_every", self.log_every >= 1, "an integer >= 1")
-        _require(self, "keep_last", self.keep_last >= 1, "an integer >= 1")
-        _require(self, "model", bool(self.model), "a model name or directory")
-        _require(self, "output_dir", bool(self.output_dir), "a directory path")
+            require(self, name, getattr(self, name) >= 0, "an integer >= 0 (0 = only at the end)")
+        require(self, "log_every", self.log_every >= 1, "an integer >= 1")
+        require(self, "keep_last", self.keep_last >= 1, "an integer >= 1")
+        require(self, "model", bool(self.model), "a model name or directory")
+        require(self, "output_dir", bool(self.output_dir), "a directory path")
 
     @property
     def effective_batch_size(self) -> int:
@@ -200,11 +200,11 @@ class DataOptions:
     """Map our field names to the data's column names, e.g. {"response": "completion"}."""
 
     def _check_data(self) -> None:
-        _require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
-        _require(self, "max_length", self.max_length >= 2, "an integer >= 2 (prompt + response)")
+        require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
+        require(self, "max_length", self.max_length >= 2, "an integer >= 2 (prompt + response)")
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
-            _require(self, name, value is None or value >= 1, "None or an integer >= 1")
+            require(self, name, value is None or value >= 1, "None or an integer >= 1")
 
 
 @dataclass
@@ -236,9 +236,9 @@ class LoRAOptions:
         }
 
     def _check_lora(self) -> None:
-        _require(self, "lora_r", self.lora_r >= 1, "an integer >= 1")
-        _require(self, "lora_alpha", self.lora_alpha > 0, "a number > 0")
-        _require(self, "lora_dropout", 0 <= self.lora_dropout < 1, "a number in [0, 1)")
+        require(self, "lora_r", self.lora_r >= 1, "an integer >= 1")
+        require(self, "lora_alpha", self.lora_alpha > 0, "a number > 0")
+        require(self, "lora_dropout", 0 <= self.lora_dropout < 1, "a number in [0, 1)")
 
 
 @dataclass
@@ -265,10 +265,10 @@ class SamplingOptions:
         return SamplingConfig(self.max_new_tokens, self.temperature, self.top_k, self.top_p)
 
     def _check_sampling(self) -> None:
-        _require(self, "max_new_tokens", self.max_new_tokens >= 1, "an integer >= 1")
-        _require(self, "temperature", 0 < self.temperature < math.inf, "a number > 0")
-        _require(self, "top_k", self.top_k >= 0, "an integer >= 0 (0 = off)")
-        _require(self, "top_p", 0 < self.top_p <= 1, "a number in (0, 1]")
+        require(self, "max_new_tokens", self.max_new_tokens >= 1, "an integer >= 1")
+        require(self, "temperature", 0 < self.temperature < math.inf, "a number > 0")
+        require(self, "top_k", self.top_k >= 0, "an integer >= 0 (0 = off)")
+        require(self, "top_p", 0 < self.top_p <= 1, "a number in (0, 1]")
 
 
 @dataclass
@@ -285,7 +285,7 @@ class EvalPromptOptions:
 
     def _check_eval_prompts(self) -> None:
         limit = self.max_eval_samples
-        _require(self, "max_eval_samples", limit is None or limit >= 1, "None or an integer >= 1")
+        require(self, "max_eval_samples", limit is None or limit >= 1, "None or an integer >= 1")
 
 
 @dataclass
@@ -303,15 +303,15 @@ class ScorerOptions:
 
     def _check_scorers(self) -> None:
         penalty = self.missing_eos_penalty
-        _require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
-        _require(
+        require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
+        require(
             self,
             "reward_model",
             self.reward_model is not None or bool(self.reward_functions),
             "a directory, unless reward_functions are given",
         )
         n_scorers = (self.reward_model is not None) + len(self.reward_functions)
-        _require(
+        require(
             self,
             "reward_weights",
             self.reward_weights is None or len(self.reward_weights) == n_scorers,
@@ -358,7 +358,7 @@ class RewardConfig(DataOptions, TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_data()
-        _require(
+        require(
             self,
             "margin",
             self.margin is None or self.loss == "logsigmoid",

@@ -1,10 +1,8 @@
-"""Pure tensor math for RLHF (torch only, no state): log-probs, masks, advantages, losses,
-and the tanh GELU.
+"""Pure tensor math for RLHF (torch only, no state): log-probs, masks, advantages and losses.
 
 Every function names its source in its docstring; trainers call these and never inline math.
 """
 
-from rlhfkit.ops.activations import gelu_tanh
 from rlhfkit.ops.advantages import gae, group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import (
     check_token_ids,
@@ -43,7 +41,6 @@ __all__ = [
     "dpo_loss",
     "entropy_from_logits",
     "gae",
-    "gelu_tanh",
     "group_advantages",
     "kl_k1",
     "kl_k2",

@@ -35,6 +35,7 @@ import torch
 from accelerate.utils import set_seed
 from torch import nn
 
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import (
     IGNORE_INDEX,
     PairCollator,
@@ -42,7 +43,7 @@ from rlhfkit.data import (
     encode_comparisons,
     load_records,
 )
-from rlhfkit.models import (
+from rlhfkit.models.loading import (
     load_causal_lm,
     load_reference,
     load_tokenizer,
@@ -50,7 +51,6 @@ from rlhfkit.models import (
 from rlhfkit.ops.logprobs import shifted_logprobs
 from rlhfkit.ops.losses import dpo_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum, position_ids_from_mask
-from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.loop import Batch, epoch_order
 from rlhfkit.trainers.policy import PolicyTrainer

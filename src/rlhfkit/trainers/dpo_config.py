@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from rlhfkit.config import DEMO_DATA, DataOptions, LoRAOptions, TrainConfig, _require
+from rlhfkit.config import DEMO_DATA, DataOptions, LoRAOptions, TrainConfig, require
 
 
 @dataclass
@@ -39,13 +39,13 @@ class DPOConfig(DataOptions, LoRAOptions, TrainConfig):
         super().__post_init__()
         self._check_data()
         self._check_lora()
-        _require(self, "beta", 0 < self.beta < math.inf, "a number > 0")
+        require(self, "beta", 0 < self.beta < math.inf, "a number > 0")
         if self.loss_type == "conservative":
             ok, allowed = 0 < self.label_smoothing < 0.5, "a number in (0, 0.5) for cDPO"
         else:
             ok, allowed = self.label_smoothing == 0, "0 unless loss_type='conservative'"
-        _require(self, "label_smoothing", ok, allowed)
-        _require(
+        require(self, "label_smoothing", ok, allowed)
+        require(
             self,
             "reference",
             not (self.lora and self.reference),

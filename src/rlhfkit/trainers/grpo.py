@@ -33,18 +33,19 @@ import torch
 from accelerate.utils import set_seed
 from torch import nn
 
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import PromptCollator, load_prompts
-from rlhfkit.generation import generate
-from rlhfkit.models import load_causal_lm, load_tokenizer, prepare_model
+from rlhfkit.experience.generation import generate
+from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores
+from rlhfkit.experience.scorer_loading import build_scorer
+from rlhfkit.experience.scorers import ScoreInput, Scorer
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer, prepare_model
+from rlhfkit.models.passes import response_logits, sequence_inputs
 from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
-from rlhfkit.packing import enable_packing, packing_enabled
-from rlhfkit.passes import response_logits, sequence_inputs
-from rlhfkit.rewards import RunningMoments, ScoreOptions, process_scores
-from rlhfkit.scorers import ScoreInput, Scorer, build_scorer
-from rlhfkit.trainers import checkpoint as ckpt
+from rlhfkit.runtime.packing import enable_packing, packing_enabled
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.loop import WATCH_RL, Batch
 from rlhfkit.trainers.policy import PolicyTrainer

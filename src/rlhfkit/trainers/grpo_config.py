@@ -14,7 +14,7 @@ from rlhfkit.config import (
     SamplingOptions,
     ScorerOptions,
     TrainConfig,
-    _require,
+    require,
 )
 
 
@@ -66,16 +66,16 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
         self._check_lora()
         self._check_sampling()
         self._check_scorers()
-        _require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
+        require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
         for name in ("max_prompt_length", "sample_every", "num_samples"):
-            _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+            require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         self._check_eval_prompts()
         limit = self.max_train_samples
-        _require(self, "max_train_samples", limit is None or limit >= 1, "None or an integer >= 1")
-        _require(self, "num_generations", self.num_generations >= 2, "an integer >= 2")
-        _require(self, "beta", 0 <= self.beta < math.inf, "a number >= 0")
-        _require(self, "clip_range", 0 < self.clip_range < math.inf, "a number > 0")
-        _require(
+        require(self, "max_train_samples", limit is None or limit >= 1, "None or an integer >= 1")
+        require(self, "num_generations", self.num_generations >= 2, "an integer >= 2")
+        require(self, "beta", 0 <= self.beta < math.inf, "a number >= 0")
+        require(self, "clip_range", 0 < self.clip_range < math.inf, "a number > 0")
+        require(
             self,
             "reference",
             not (self.lora and self.reference),

@@ -47,11 +47,12 @@ from accelerate import Accelerator
 from accelerate.utils import send_to_device, set_seed
 from torch import nn
 
-from rlhfkit.allocator import retain_freed_memory
+from rlhfkit import checkpoint as ckpt
+from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.config import TrainConfig
-from rlhfkit.models import atomic_dir, prepare_model
+from rlhfkit.models.loading import prepare_model
+from rlhfkit.runtime.allocator import retain_freed_memory
 from rlhfkit.tracking import Tracker, format_metrics
-from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)

@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from rlhfkit.config import TrainConfig
-from rlhfkit.lora import add_lora, merge_lora, reference_mode
-from rlhfkit.models import disable_dropout, freeze, prepare_model
+from rlhfkit.models.loading import disable_dropout, freeze, prepare_model
+from rlhfkit.models.lora import add_lora, merge_lora, reference_mode
 from rlhfkit.trainers.loop import Batch, Trainer
 
 

@@ -32,7 +32,7 @@ import torch
 from accelerate.utils import set_seed
 from torch import nn
 
-from rlhfkit.allocator import retain_freed_memory
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import (
     IGNORE_INDEX,
     PromptCollator,
@@ -41,28 +41,29 @@ from rlhfkit.data import (
     load_prompts,
     load_records,
 )
-from rlhfkit.models import disable_dropout, freeze, load_tokenizer, prepare_model
-from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
-from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
-from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
-from rlhfkit.passes import (
-    ValueHeadLM,
-    causal_lm,
-    critic_values,
-    response_logits,
-    sequence_inputs,
-)
-from rlhfkit.rewards import AdaptiveKLController, FixedKLController, RunningMoments
-from rlhfkit.rollout import (
+from rlhfkit.experience.rewards import AdaptiveKLController, FixedKLController, RunningMoments
+from rlhfkit.experience.rollout import (
     Rollout,
     RolloutModels,
     load_rollout_models,
     make_rollout,
     rollout_stats,
 )
-from rlhfkit.scorers import Scorer, as_scorer, build_scorer
+from rlhfkit.experience.scorer_loading import build_scorer
+from rlhfkit.experience.scorers import Scorer, as_scorer
+from rlhfkit.models.loading import disable_dropout, freeze, load_tokenizer, prepare_model
+from rlhfkit.models.passes import (
+    ValueHeadLM,
+    causal_lm,
+    critic_values,
+    response_logits,
+    sequence_inputs,
+)
+from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
+from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
+from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
+from rlhfkit.runtime.allocator import retain_freed_memory
 from rlhfkit.tracking import Tracker, format_metrics
-from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import WATCH_RL, epoch_order
 from rlhfkit.trainers.ppo_checkpoint import PPOCheckpoints, PPOState
 from rlhfkit.trainers.ppo_config import PPOConfig

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from rlhfkit.models import atomic_dir
-from rlhfkit.passes import causal_lm
+from rlhfkit import checkpoint as ckpt
+from rlhfkit.checkpoint import atomic_dir
+from rlhfkit.models.passes import causal_lm
 from rlhfkit.tracking import Tracker
-from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import OPTIMIZER_FILE
 
 logger = logging.getLogger(__name__)

@@ -22,10 +22,10 @@ from rlhfkit.config import (
     SamplingOptions,
     ScorerOptions,
     TrainConfig,
-    _require,
+    require,
 )
-from rlhfkit.rewards import ScoreOptions
-from rlhfkit.rollout import RolloutSettings
+from rlhfkit.experience.rewards import ScoreOptions
+from rlhfkit.experience.rollout import RolloutSettings
 
 
 @dataclass
@@ -132,37 +132,35 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
             "sample_every",
         )
         for name in positive:
-            _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
-        _require(
-            self, "iterations", self.iterations is None or self.iterations >= 1, "None or >= 1"
-        )
-        _require(self, "max_steps", self.max_steps is None, "None (PPO counts `iterations`)")
-        _require(
+            require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        require(self, "iterations", self.iterations is None or self.iterations >= 1, "None or >= 1")
+        require(self, "max_steps", self.max_steps is None, "None (PPO counts `iterations`)")
+        require(
             self,
             "rollout_batch_size",
             self.rollout_batch_size % self.effective_batch_size == 0,
             f"a multiple of batch_size * gradient_accumulation_steps = {self.effective_batch_size}",
         )
-        _require(self, "kl_coef", self.kl_coef >= 0, "a number >= 0")
-        _require(self, "kl_target", self.kl_target > 0, "a number > 0")
-        _require(self, "gamma", 0 <= self.gamma <= 1, "a number in [0, 1]")
-        _require(self, "lam", 0 <= self.lam <= 1, "a number in [0, 1]")
-        _require(self, "clip_range", self.clip_range > 0, "a number > 0")
+        require(self, "kl_coef", self.kl_coef >= 0, "a number >= 0")
+        require(self, "kl_target", self.kl_target > 0, "a number > 0")
+        require(self, "gamma", 0 <= self.gamma <= 1, "a number in [0, 1]")
+        require(self, "lam", 0 <= self.lam <= 1, "a number in [0, 1]")
+        require(self, "clip_range", self.clip_range > 0, "a number > 0")
         value_clip = self.clip_range_value
-        _require(self, "clip_range_value", value_clip is None or value_clip > 0, "None or > 0")
+        require(self, "clip_range_value", value_clip is None or value_clip > 0, "None or > 0")
         for name in ("vf_coef", "entropy_coef", "ptx_coef"):
-            _require(self, name, getattr(self, name) >= 0, "a number >= 0")
-        _require(
+            require(self, name, getattr(self, name) >= 0, "a number >= 0")
+        require(
             self,
             "missing_eos_replace",
             not self.missing_eos_replace or self.missing_eos_penalty is not None,
             "False unless missing_eos_penalty is set",
         )
-        _require(self, "score_clip", self.score_clip is None or self.score_clip > 0, "None or > 0")
-        _require(
+        require(self, "score_clip", self.score_clip is None or self.score_clip > 0, "None or > 0")
+        require(
             self, "ptx_data", self.ptx_coef == 0 or bool(self.ptx_data), "a path when ptx_coef > 0"
         )
-        _require(
+        require(
             self,
             "forward_batch_size",
             self.forward_batch_size is None or self.forward_batch_size >= 1,

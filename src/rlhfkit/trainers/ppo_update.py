@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from rlhfkit.config import TrainConfig
-from rlhfkit.parallel import run_parallel
-from rlhfkit.rollout import Rollout
+from rlhfkit.experience.rollout import Rollout
+from rlhfkit.runtime.parallel import run_parallel
 from rlhfkit.trainers.optim import build_optimizer, build_scheduler, clip_grad_norm
 
 # The share of the policy's minibatches that run beside the critic's before the rest run on

@@ -1,7 +1,7 @@
 """Reward model on comparisons and K-way rankings: InstructGPT step 2 (Ouyang et al. 2022, eq. 1).
 
 A `RewardModel` (causal-LM backbone + linear head read at the last real token, from
-`rlhfkit.models`) scores every prompt + response. `PairCollator` lays a batch out rank-major, so
+`rlhfkit.models.loading`) scores every prompt + response. `PairCollator` lays a batch out rank-major, so
 one forward pass scores all responses and `ranked_scores` turns them into a best-first (N, K)
 table. Loss, by batch content:
 
@@ -18,7 +18,7 @@ shifted so that the demonstrations in `normalize_data` score 0 on average, which
 rewards centred on what the SFT policy already writes.
 
 Departures from TRL's RewardTrainer: rankings are not expanded into independent pairs, and the
-model is saved as backbone + `score_head.safetensors` (see `rlhfkit.models`).
+model is saved as backbone + `score_head.safetensors` (see `rlhfkit.models.loading`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from accelerate.utils import set_seed
 
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import RewardConfig
 from rlhfkit.data import (
     PairCollator,
@@ -42,9 +43,8 @@ from rlhfkit.data import (
     load_records,
     ranked_scores,
 )
-from rlhfkit.models import RewardModel, load_tokenizer
+from rlhfkit.models.loading import RewardModel, load_tokenizer
 from rlhfkit.ops.losses import pairwise_logexp_loss, pairwise_logsigmoid_loss, ranking_loss
-from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import Batch, Trainer
 
 logger = logging.getLogger(__name__)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from accelerate.utils import set_seed
 
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import SFTConfig
 from rlhfkit.data import (
     IGNORE_INDEX,
@@ -30,10 +31,9 @@ from rlhfkit.data import (
     encode_demonstrations,
     load_records,
 )
-from rlhfkit.models import load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.ops.logprobs import shifted_logprobs
 from rlhfkit.ops.masks import masked_mean, masked_sum
-from rlhfkit.trainers import checkpoint as ckpt
 from rlhfkit.trainers.loop import Batch, Trainer
 
 logger = logging.getLogger(__name__)

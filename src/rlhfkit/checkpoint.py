@@ -8,7 +8,7 @@ use it for optimiser and RNG states. Here every tensor of a nested state (an opt
 checkpoint can be read back with nothing but `safetensors` and `json`.
 
 A checkpoint directory is written under a temporary name and renamed into place when complete
-(`models.atomic_dir`), so a crash never leaves a half-written `checkpoint-N` for resume to trip
+(`atomic_dir`), so a crash never leaves a half-written `checkpoint-N` for resume to trip
 over.
 """
 
@@ -161,3 +161,22 @@ def is_complete(output_dir: str | Path) -> bool:
     if not state_file.is_file():
         return False
     return bool(read_json(state_file).get("complete"))
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory that replaces `path` only if the block finishes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = path.parent / f".old-{path.name}-{os.getpid()}"
+        if path.exists():
+            os.replace(path, old)  # moved aside, not deleted, until the new one is in place
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

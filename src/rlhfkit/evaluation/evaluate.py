@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.config import _require
+from rlhfkit.checkpoint import write_json
+from rlhfkit.config import require
 from rlhfkit.data import encode_prompts, load_records
-from rlhfkit.generation import SamplingConfig
-from rlhfkit.measures import (
+from rlhfkit.evaluation.measures import (
     PolicySamples,
     best_of_n_curve,
     evaluate_policy,
@@ -26,9 +26,10 @@ from rlhfkit.measures import (
     side_by_side,
     summarize,
 )
-from rlhfkit.models import RewardModel, freeze, load_causal_lm, load_tokenizer
-from rlhfkit.sampling import model_device
-from rlhfkit.scorers import RewardModelScorer
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorers import RewardModelScorer
+from rlhfkit.interact.sampling import model_device
+from rlhfkit.models.loading import RewardModel, freeze, load_causal_lm, load_tokenizer
 from rlhfkit.tasks import DEMO_DATA_DIR, REWARD_FUNCTIONS
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class EvalConfig:
     """torch device; None = CUDA when available, else CPU."""
 
     def __post_init__(self) -> None:
-        _require(
+        require(
             self,
             "task",
             self.task is None or self.task in REWARD_FUNCTIONS,
@@ -88,12 +89,12 @@ class EvalConfig:
         )
         positive = ("max_prompt_length", "max_new_tokens", "batch_size", "num_samples")
         for name in (*positive, "best_of_n_prompts"):
-            _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+            require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         for name in ("max_prompts", "max_comparisons"):
             value = getattr(self, name)
-            _require(self, name, value is None or value >= 1, "None or an integer >= 1")
-        _require(self, "temperature", self.temperature > 0, "a number > 0")
-        _require(self, "best_of_n", all(n >= 1 for n in self.best_of_n), "integers >= 1")
+            require(self, name, value is None or value >= 1, "None or an integer >= 1")
+        require(self, "temperature", self.temperature > 0, "a number > 0")
+        require(self, "best_of_n", all(n >= 1 for n in self.best_of_n), "integers >= 1")
 
 
 # --------------------------------------------------------------------------- the command
@@ -162,8 +163,6 @@ def _evaluate_models(config: EvalConfig, setup: _Setup) -> dict[str, PolicySampl
 def evaluate(config: EvalConfig) -> list[dict]:
     """Evaluate every model of ``config`` (plus best-of-n of the reference) on the held-out
     prompts; write everything to ``config.output`` and return the results table."""
-    from rlhfkit.trainers.checkpoint import write_json
-
     setup = _Setup.load(config)
     named = _evaluate_models(config, setup)
     baseline = named.pop(None)

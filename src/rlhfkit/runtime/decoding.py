@@ -24,7 +24,7 @@ from torch import nn
 from transformers import StaticCache
 
 from rlhfkit.ops.masks import additive_mask
-from rlhfkit.packing import own_kernel, transformer_models
+from rlhfkit.runtime.packing import own_kernel, transformer_models
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 from torch.nn import functional
 
-from rlhfkit.ops import gelu_tanh
-from rlhfkit.ops.activations import TABLE_DTYPES
+from rlhfkit.runtime.activations import TABLE_DTYPES, gelu_tanh
 
 
 def _every_value(dtype: torch.dtype) -> torch.Tensor:

@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from rlhfkit.data import pad
+from rlhfkit.experience.scorers import ScoreInput, Scorer
 from rlhfkit.ops.logprobs import check_token_ids, shifted_logprobs
 from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
-from rlhfkit.scorers import ScoreInput, Scorer
 
 
 def log_perplexity_from_logits(

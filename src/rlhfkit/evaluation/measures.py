@@ -35,13 +35,18 @@ import torch
 from torch import nn
 
 from rlhfkit.data import PairCollator, encode_comparisons, ranked_scores
-from rlhfkit.generation import SamplingConfig
-from rlhfkit.lora import reference_mode
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorers import FunctionScorer, ScoreInput, Scorer
+from rlhfkit.interact.sampling import (
+    best_of_n_expected,
+    best_of_n_kl,
+    model_device,
+    sample_responses,
+)
+from rlhfkit.models.lora import reference_mode
+from rlhfkit.models.passes import response_logits, sequence_inputs
 from rlhfkit.ops.logprobs import token_logprobs
 from rlhfkit.ops.masks import masked_sum
-from rlhfkit.passes import response_logits, sequence_inputs
-from rlhfkit.sampling import best_of_n_expected, best_of_n_kl, model_device, sample_responses
-from rlhfkit.scorers import FunctionScorer, ScoreInput, Scorer
 from rlhfkit.tasks import REWARD_FUNCTIONS, distinct_n
 
 

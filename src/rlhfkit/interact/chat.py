@@ -1,9 +1,8 @@
 """Talk to any checkpoint in the terminal, with each reply's reward shown.
 
-``rlhfkit chat --model PATH [--reward SCORER]`` (or ``python -m rlhfkit.chat ...``). The
-history is kept and rendered as ``env.LMAgent`` renders it (chat template, else
+``rlhfkit chat --model PATH [--reward SCORER]``. The history is kept and rendered as ``env.LMAgent`` renders it (chat template, else
 "User: ...\\nAssistant:"); type ``/reset`` to clear it and ``/quit`` (or end of input, Ctrl-D)
-to leave. ``--reward`` takes any ``scorers.parse_scorer`` spec: ``digits``, ``gold``,
+to leave. ``--reward`` takes any ``scorer_loading.parse_scorer`` spec: ``digits``, ``gold``,
 ``perplexity``, a reward model directory, ``module:function``. The reward of a reply is scored
 given the conversation before it, as ``env.TextEnv`` would.
 
@@ -13,15 +12,15 @@ This module is the terminal UI, so it prints; the library underneath logs.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlhfkit.config import ConfigError
 from rlhfkit.data import Message, pad
-from rlhfkit.env import LMAgent, score_texts, token_budget
-from rlhfkit.generation import SamplingConfig
-from rlhfkit.scorers import Scorer, parse_scorer
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorer_loading import parse_scorer
+from rlhfkit.experience.scorers import Scorer
+from rlhfkit.interact.env import LMAgent, score_texts, token_budget
 
 BANNER = "Chatting with {model}. /reset clears the history, /quit (or Ctrl-D) exits."
 USER_PROMPT = "you> "
@@ -185,9 +184,3 @@ def _sampling_of(config: ChatConfig | SampleConfig) -> SamplingConfig:
         )
     except ValueError as error:
         raise ConfigError(f"{type(config).__name__}.{error}") from error
-
-
-if __name__ == "__main__":
-    from rlhfkit.cli import main
-
-    sys.exit(main(["chat", *sys.argv[1:]]))

@@ -9,7 +9,7 @@ KL that PPO or DPO spend for the same score. The picks can be written as a demon
 file, the data of rejection-sampling fine-tuning (SFT on the best samples; Llama 2, sec. 3.2.3).
 
 ``sample_responses`` (seeded sampling of k responses per prompt), the KL formula and WebGPT's
-unbiased best-of-n estimator (``best_of_n_expected``) live here and serve ``rlhfkit.measures``
+unbiased best-of-n estimator (``best_of_n_expected``) live here and serve ``rlhfkit.evaluation.measures``
 too; the ``bon`` command writes the picks as a demonstrations file. Departure: prompts whose best response is empty (EOS first) are left
 out of the file, since a demonstration needs a non-empty response.
 """
@@ -26,11 +26,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlhfkit.config import DEMO_DATA, SamplingOptions, _require
+from rlhfkit.config import DEMO_DATA, SamplingOptions, require
 from rlhfkit.data import PromptCollator, PromptRecord, encode_prompts, load_records
-from rlhfkit.generation import SamplingConfig, generate
-from rlhfkit.models import freeze, load_causal_lm, load_tokenizer
-from rlhfkit.scorers import ScoreInput, Scorer, parse_scorer
+from rlhfkit.experience.generation import SamplingConfig, generate
+from rlhfkit.experience.scorer_loading import parse_scorer
+from rlhfkit.experience.scorers import ScoreInput, Scorer
+from rlhfkit.models.loading import freeze, load_causal_lm, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -251,8 +252,8 @@ class BestOfNConfig(SamplingOptions):
     def __post_init__(self) -> None:
         self._check_sampling()
         for name in ("n", "max_prompt_length", "prompts_per_batch"):
-            _require(self, name, getattr(self, name) >= 1, "an integer >= 1")
-        _require(self, "max_prompts", self.max_prompts is None or self.max_prompts >= 1, ">= 1")
+            require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        require(self, "max_prompts", self.max_prompts is None or self.max_prompts >= 1, ">= 1")
 
 
 def run_bon(config: BestOfNConfig) -> Path:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhfkit.decoding import CACHE_IMPLEMENTATIONS, decoder_for
 from rlhfkit.ops.masks import position_ids_from_mask, truncate_after_eos
+from rlhfkit.runtime.decoding import CACHE_IMPLEMENTATIONS, decoder_for
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rlhfkit.ops.masks import position_ids_from_mask
-from rlhfkit.packing import PackedRows
+from rlhfkit.runtime.packing import PackedRows
 
 
 class ValueHeadLM(nn.Module):

@@ -27,9 +27,6 @@ import json
 import logging
 import math
 import os
-import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -40,9 +37,10 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrai
 from transformers.activations import GELUTanh, NewGELUActivation
 from transformers.utils import cached_file
 
-from rlhfkit.ops.activations import gelu_tanh
+from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.ops.masks import last_token_index, position_ids_from_mask
-from rlhfkit.packing import enable_packing
+from rlhfkit.runtime.activations import gelu_tanh
+from rlhfkit.runtime.packing import enable_packing
 
 logger = logging.getLogger(__name__)
 
@@ -337,25 +335,6 @@ def _load_backbone(path_or_name, head_config, dtype, revision, trust_remote_code
 
 
 # --------------------------------------------------------------------------- atomic save
-@contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory that replaces `path` only if the block finishes."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-        old = path.parent / f".old-{path.name}-{os.getpid()}"
-        if path.exists():
-            os.replace(path, old)  # moved aside, not deleted, until the new one is in place
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def save_pretrained_atomic(model: nn.Module, tokenizer, path: str | os.PathLike) -> Path:
     """Save ``model`` (and ``tokenizer`` if given) so that ``path`` is never half-written
     (``atomic_dir``): a crash while writing leaves any previous save at ``path`` untouched.

@@ -31,21 +31,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import (
     load_config,
 )
-from rlhfkit.evaluate import EvalConfig, evaluate
-from rlhfkit.measures import evaluate_policy, gold_scorer
-from rlhfkit.pipeline_config import (
+from rlhfkit.evaluation.evaluate import EvalConfig, evaluate
+from rlhfkit.evaluation.measures import evaluate_policy, gold_scorer
+from rlhfkit.evaluation.report import TABLE_COLUMNS, format_table, load_eval, write_report
+from rlhfkit.pipeline.config import (
     DemoConfig,
     PipelineConfig,
     Stages,
     demo_config_path,
     stage_configs,
 )
-from rlhfkit.report import TABLE_COLUMNS, format_table, load_eval, write_report
 from rlhfkit.tracking import Tracker, format_metrics, read_jsonl
-from rlhfkit.trainers import checkpoint as ckpt
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class PPOEvalPoints:
 
     def __init__(self, config: PipelineConfig, stages: Stages, trainer) -> None:
         from rlhfkit.data import encode_prompts, load_records
-        from rlhfkit.generation import SamplingConfig
+        from rlhfkit.experience.generation import SamplingConfig
 
         ev, ppo = stages.eval, stages.ppo
         records = load_records(ev.prompts, "prompts", split=ev.split, limit=config.ppo_eval_prompts)
@@ -109,7 +109,7 @@ class PPOEvalPoints:
         self.done = {row["step"] for row in read_jsonl(self.dir / "metrics.jsonl")}
 
     def record(self, iteration: int) -> None:
-        from rlhfkit.passes import causal_lm
+        from rlhfkit.models.passes import causal_lm
 
         if iteration in self.done:
             return

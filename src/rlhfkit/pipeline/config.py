@@ -14,11 +14,11 @@ from rlhfkit.config import (
     ConfigError,
     RewardConfig,
     SFTConfig,
-    _require,
     config_from_namespace,
     config_parser,
+    require,
 )
-from rlhfkit.evaluate import EvalConfig
+from rlhfkit.evaluation.evaluate import EvalConfig
 from rlhfkit.tasks import BASE_MODEL_DIR, DEMO_DATA_DIR, REWARD_FUNCTIONS
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -60,16 +60,16 @@ class PipelineConfig:
     """`EvalConfig` fields (`rlhfkit eval --help`)."""
 
     def __post_init__(self) -> None:
-        _require(self, "output_dir", bool(self.output_dir), "a directory path")
-        _require(
+        require(self, "output_dir", bool(self.output_dir), "a directory path")
+        require(
             self,
             "task",
             self.task is None or self.task in REWARD_FUNCTIONS,
             f"None or one of {sorted(REWARD_FUNCTIONS)}",
         )
-        _require(self, "reward_data", bool(self.reward_data), "a folder name under data_dir")
-        _require(self, "ppo_eval_every", self.ppo_eval_every >= 0, "an integer >= 0")
-        _require(self, "ppo_eval_prompts", self.ppo_eval_prompts >= 1, "an integer >= 1")
+        require(self, "reward_data", bool(self.reward_data), "a folder name under data_dir")
+        require(self, "ppo_eval_every", self.ppo_eval_every >= 0, "an integer >= 0")
+        require(self, "ppo_eval_prompts", self.ppo_eval_prompts >= 1, "an integer >= 1")
 
     @property
     def run_dir(self) -> Path:

@@ -16,7 +16,7 @@ from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 from torch import nn
 from transformers.pytorch_utils import Conv1D
 
-from rlhfkit.models import ScalarHeadModel
+from rlhfkit.models.loading import ScalarHeadModel
 
 
 def add_lora(

@@ -27,7 +27,7 @@ renders the conversation and decodes the answer; ``_generate(input_ids, attentio
 ids to response ids with ``generation.generate`` (KV cache, stop at EOS).
 
 Command-line reward specs ("digits", "gold", "perplexity", a reward model directory,
-"module:function") become scorers with ``scorers.parse_scorer``.
+"module:function") become scorers with ``scorer_loading.parse_scorer``.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from rlhfkit.data import (
     load_records,
     pad,
 )
-from rlhfkit.generation import GenerationOutput, SamplingConfig, generate
-from rlhfkit.models import load_causal_lm, load_tokenizer
-from rlhfkit.scorers import ScoreInput, Scorer, as_scorer
+from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
+from rlhfkit.experience.scorers import ScoreInput, Scorer, as_scorer
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 
 MAX_TEXT_CHARS = 1 << 16  # bound of the Text spaces; any conversation that fits a model does
 DEFAULT_MAX_LENGTH = 1024  # tokens, when the tokenizer's model_max_length is unset (huge)

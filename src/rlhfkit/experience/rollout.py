@@ -26,23 +26,23 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from rlhfkit.generation import SamplingConfig, generate
-from rlhfkit.lora import add_lora, reference_mode
-from rlhfkit.models import ValueModel, freeze, load_causal_lm
-from rlhfkit.ops.advantages import gae
-from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
-from rlhfkit.ops.masks import masked_mean, masked_var, masked_whiten
-from rlhfkit.packing import packing_enabled
-from rlhfkit.parallel import run_parallel
-from rlhfkit.passes import (
+from rlhfkit.experience.generation import SamplingConfig, generate
+from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
+from rlhfkit.experience.scorers import ScoreInput, Scorer
+from rlhfkit.models.loading import ValueModel, freeze, load_causal_lm
+from rlhfkit.models.lora import add_lora, reference_mode
+from rlhfkit.models.passes import (
     ValueHeadLM,
     causal_lm,
     critic_values,
     response_logits,
     sequence_inputs,
 )
-from rlhfkit.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
-from rlhfkit.scorers import ScoreInput, Scorer
+from rlhfkit.ops.advantages import gae
+from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
+from rlhfkit.ops.masks import masked_mean, masked_var, masked_whiten
+from rlhfkit.runtime.packing import packing_enabled
+from rlhfkit.runtime.parallel import run_parallel
 
 
 @dataclass

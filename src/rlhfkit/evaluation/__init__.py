@@ -1,0 +1,1 @@
+"""Measuring policies and reward models, the `eval` command, and the run report."""

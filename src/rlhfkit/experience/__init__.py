@@ -1,0 +1,1 @@
+"""Making experience: generate responses, score them, shape per-token rewards, and the rollout."""

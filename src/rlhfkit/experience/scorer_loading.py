@@ -1,0 +1,101 @@
+"""A scorer from what a user names: a reward-model directory, a ``module:function``, a bundled
+task, perplexity under a causal LM, or a weighted sum of several (``scorers.py`` defines what a
+scorer is; this module finds and loads one).
+
+``module:function`` imports that module and calls that function on every sampled batch: it runs
+the user's own code, by design, with the user's rights.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from rlhfkit import tasks
+from rlhfkit.experience.perplexity import PerplexityScorer
+from rlhfkit.experience.scorers import FunctionScorer, RewardModelScorer, Scorer, WeightedScorer
+from rlhfkit.models.loading import HEAD_CONFIG, RewardModel, freeze, load_causal_lm
+
+
+def load_function(path: str) -> Callable:
+    """Import ``"package.module:function"`` (the form reward functions take in configs)."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"reward function {path!r}: expected 'module:function'")
+    function = getattr(importlib.import_module(module_name), attribute, None)
+    if not callable(function):
+        raise ValueError(f"reward function {path!r}: {module_name} has no callable {attribute!r}")
+    return function
+
+
+def build_scorer(
+    reward_model: str | None,
+    reward_functions: Sequence[str] = (),
+    weights: Sequence[float] | None = None,
+) -> Scorer:
+    """A frozen reward model (a directory from ``rlhfkit reward``) and/or reward functions
+    (``"module:function"``), summed with ``weights`` (in that order; None = all 1)."""
+    parts: list[Scorer] = []
+    if reward_model is not None:
+        parts.append(RewardModelScorer(load_reward_model(reward_model)))
+    parts += [FunctionScorer(load_function(path), name=path) for path in reward_functions]
+    if not parts:
+        raise ValueError("build_scorer needs a reward model or at least one reward function")
+    weights = list(weights) if weights is not None else [1.0] * len(parts)
+    if len(weights) != len(parts):
+        raise ValueError(f"{len(weights)} weights for {len(parts)} scorers")
+    if len(parts) == 1 and weights[0] == 1.0:
+        return parts[0]
+    return WeightedScorer(list(zip(parts, weights, strict=True)))
+
+
+# --------------------------------------------------------------------------- scorers from specs
+SCORER_SPECS = (
+    "digits | gold | sentiment (rlhfkit.tasks), perplexity (under the policy), "
+    "perplexity:PATH (under the causal LM at PATH), a reward model directory, module:function"
+)
+
+
+def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = None) -> Scorer:
+    """A ``Scorer`` from a command-line spec (see ``SCORER_SPECS``).
+
+    ``model`` is the causal LM bare "perplexity" is measured under; ``tokenizer``, when given,
+    is checked against a reward model's vocabulary (they must share one).
+    """
+    builtins = {**tasks.REWARD_FUNCTIONS, "gold": tasks.gold_reward}
+    if spec in builtins:
+        return FunctionScorer(builtins[spec], name=spec)
+    if spec == "perplexity":
+        if model is None:
+            raise ValueError("scorer 'perplexity' needs a model; use perplexity:PATH")
+        return PerplexityScorer(model)
+    if spec.startswith("perplexity:"):
+        path = spec.removeprefix("perplexity:")
+        return PerplexityScorer(freeze(load_causal_lm(path, tokenizer=tokenizer)))
+    if Path(spec).is_dir():
+        return RewardModelScorer(load_reward_model(spec, tokenizer))
+    if ":" in spec:
+        return FunctionScorer(load_function(spec), name=spec)
+    raise ValueError(
+        f"reward {spec!r}: not a known scorer nor a directory; allowed: {SCORER_SPECS}"
+    )
+
+
+def load_reward_model(path: str, tokenizer=None) -> torch.nn.Module:
+    """A trained, frozen reward model: without its head a directory would score at random."""
+    if not (Path(path) / HEAD_CONFIG).is_file():
+        raise ValueError(
+            f"reward {path!r}: the directory has no {HEAD_CONFIG}, so it is not a reward model "
+            f"(`rlhfkit rm` writes one); for a causal LM's perplexity use perplexity:{path}"
+        )
+    reward_model = freeze(RewardModel.from_pretrained(path))
+    rows = reward_model.backbone.get_input_embeddings().num_embeddings
+    if tokenizer is not None and rows < len(tokenizer):
+        raise ValueError(
+            f"reward model {path} has {rows} token embeddings but the policy's tokenizer has "
+            f"{len(tokenizer)} tokens: the reward model must share the policy's tokenizer"
+        )
+    return reward_model

@@ -1,0 +1,1 @@
+"""The whole InstructGPT pipeline (and the demo) as one command, with its config."""
