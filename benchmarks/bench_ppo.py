@@ -168,7 +168,7 @@ def main() -> None:
         train_data="in-memory",
         output_dir=tempfile.mkdtemp(prefix="bench_ppo_"),
         reward_model="in-memory",
-        iterations=args.iters,
+        max_steps=args.iters,
         rollout_batch_size=32,
         batch_size=8,
         ppo_epochs=4,

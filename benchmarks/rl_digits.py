@@ -76,7 +76,7 @@ def ppo_config(args, out: Path) -> PPOConfig:
     return PPOConfig(
         model=str(BASE_MODEL_DIR), reward_model=None, reward_functions=[REWARD],
         output_dir=str(out), train_data=str(demo_data("prompts")), seed=args.seed,
-        max_prompt_length=PROMPT_LENGTH, iterations=args.iterations,
+        max_prompt_length=PROMPT_LENGTH, max_steps=args.iterations,
         rollout_batch_size=RESPONSES_PER_ITER, batch_size=8, ppo_epochs=4,
         max_new_tokens=args.max_new_tokens, temperature=1.0, kl_coef=args.ppo_kl,
         learning_rate=args.ppo_lr, lr_scheduler="linear", critic="separate",

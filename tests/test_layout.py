@@ -102,3 +102,14 @@ def test_ops_is_math_only():
             external,
         )
         assert all(re.fullmatch(r"rlhfkit(\.ops.*)?", m) for m in imports(path) | {"rlhfkit"})
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines})")
+    assert not long, "functions over 60 lines (split them along their steps):\n" + "\n".join(long)

@@ -117,9 +117,9 @@ def test_final_dir_and_checkpoint_files(tiny_model_dir, tiny_tokenizer, tmp_path
     assert not [n for n in names if n.startswith(".")], "temporary directories left behind"
     last = tmp_path / "checkpoint-6"
     state = json.loads((last / "trainer_state.json").read_text())
-    assert state["step"] == 6 and state["scheduler"]["last_epoch"] == 6
+    assert state["step"] == 6 and state["scheduler"]["model"]["last_epoch"] == 6
     with safe_open(str(last / "optimizer.safetensors"), "pt") as f:
-        assert "t.state.0.exp_avg" in set(f.keys())
+        assert "t.model.state.0.exp_avg" in set(f.keys())  # each learner by name
     assert (last / "model.safetensors").is_file() and not list(tmp_path.rglob("*.bin"))
 
     final = tmp_path / "final"

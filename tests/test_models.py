@@ -18,10 +18,10 @@ from rlhfkit.models.loading import (
     load_causal_lm,
     load_reference,
     load_tokenizer,
-    prepare_model,
     save_pretrained_atomic,
 )
 from rlhfkit.models.lora import add_lora, merge_lora, reference_mode
+from rlhfkit.runtime.machine import prepare_model
 
 SEQS = [[5, 17, 42, 99, 7], [8, 3], [250, 11, 64]]
 
@@ -294,7 +294,7 @@ def test_loading_and_prepare_model_fuse_gelu_and_set_attention_without_changing_
 ):
     from transformers.activations import NewGELUActivation
 
-    from rlhfkit.models.loading import TanhGELU
+    from rlhfkit.runtime.activations import TanhGELU
 
     def fused(m):
         return not any(type(mod) is NewGELUActivation for mod in m.modules()) and any(

@@ -251,7 +251,7 @@ def test_ppo_packed_and_padded_make_the_same_rollout_and_step(tiny_tokenizer, tm
         packed: _trainer(tiny_tokenizer, tmp_path / str(packed), padding_free=packed)
         for packed in (False, True)
     }
-    assert trainers[True].packed and not trainers[False].packed
+    assert trainers[True].models.packed and not trainers[False].models.packed
     results = {packed: trainer.step() for packed, trainer in trainers.items()}
     (metrics_a, rollout_a), (metrics_b, rollout_b) = results[False], results[True]
     mask = rollout_a.response_mask.bool()

@@ -8,12 +8,9 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from rlhfkit.data import pad
-from rlhfkit.experience.perplexity import (
-    PerplexityScorer,
-    log_perplexity_from_logits,
-    response_log_perplexity,
-)
+from rlhfkit.experience.perplexity import PerplexityScorer, response_log_perplexity
 from rlhfkit.experience.scorers import ScoreInput
+from rlhfkit.ops.logprobs import log_perplexity
 
 QUERIES = [[5, 17, 42], [9], [33, 2, 71, 8, 19]]
 RESPONSES = [[11, 12, 0], [100, 3, 7, 250, 0], [64]]  # 0 is the tiny tokenizer's EOS
@@ -53,7 +50,7 @@ def test_uniform_model_has_perplexity_vocab_size():
     logits = torch.zeros(2, 4, 5)  # every token has probability 1/5
     ids = torch.tensor([[1, 2, 3, 4], [0, 0, 1, 2]])
     mask = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])
-    ppl = log_perplexity_from_logits(logits, ids, mask).exp()
+    ppl = log_perplexity(logits, ids, mask).exp()
     torch.testing.assert_close(ppl, torch.tensor([5.0, 5.0]))
 
 
@@ -61,7 +58,7 @@ def test_hand_computed_log_perplexity():
     probs = torch.tensor([0.5, 0.25, 0.25])
     logits = probs.log().expand(1, 3, 3).clone()  # the same distribution at every position
     ids = torch.tensor([[2, 0, 1]])  # scored: 0 (p = 1/2) then 1 (p = 1/4); token 2 is context
-    value = log_perplexity_from_logits(logits, ids, torch.tensor([[0, 1, 1]]))
+    value = log_perplexity(logits, ids, torch.tensor([[0, 1, 1]]))
     expected = (math.log(2) + math.log(4)) / 2  # perplexity 2 ** 1.5
     assert value.item() == pytest.approx(expected, rel=1e-6)
     assert value.exp().item() == pytest.approx(2**1.5, rel=1e-6)
@@ -103,7 +100,7 @@ def test_the_original_crash_and_our_errors(lm):
         F.cross_entropy(logits.view(-1, vocab), ids.view(-1))
     mask = torch.tensor([[0, 0, 1, 1]])
     with pytest.raises(ValueError, match=r"token id 24844 at position \(0, 3\), outside the vocab"):
-        log_perplexity_from_logits(logits, ids, mask)
+        log_perplexity(logits, ids, mask)
     query, query_mask, response, response_mask = batch()
     response[1, 2] = 24844
     with pytest.raises(ValueError, match="response contains token id 24844"):
@@ -115,16 +112,14 @@ def test_float_ids_are_named(lm):
     with pytest.raises(ValueError, match="query must be integer token ids, got dtype float32"):
         response_log_perplexity(lm, query.float(), query_mask, response, response_mask)
     with pytest.raises(ValueError, match="input_ids must be integer token ids"):
-        log_perplexity_from_logits(
-            torch.zeros(1, 3, 8), torch.tensor([[1.0, 2.0, 3.0]]), torch.ones(1, 3)
-        )
+        log_perplexity(torch.zeros(1, 3, 8), torch.tensor([[1.0, 2.0, 3.0]]), torch.ones(1, 3))
 
 
 def test_logits_and_labels_of_different_lengths():
     logits = torch.zeros(1, 4, 8)
     labels = torch.tensor([[1, 2, 3]])  # already shifted by the caller, logits were not
     with pytest.raises(ValueError, match=r"input_ids has shape \(1, 3\) but logits has shape"):
-        log_perplexity_from_logits(logits, labels, torch.ones(1, 3))
+        log_perplexity(logits, labels, torch.ones(1, 3))
 
 
 def test_mask_shape_and_empty_rows_are_rejected(lm):
@@ -138,4 +133,4 @@ def test_mask_shape_and_empty_rows_are_rejected(lm):
     with pytest.raises(ValueError, match=r"rows \[0\] have an empty query"):
         response_log_perplexity(lm, query, query_mask, response, response_mask)
     with pytest.raises(ValueError, match="marks token 0"):
-        log_perplexity_from_logits(torch.zeros(1, 2, 4), torch.tensor([[1, 2]]), torch.ones(1, 2))
+        log_perplexity(torch.zeros(1, 2, 4), torch.tensor([[1, 2]]), torch.ones(1, 2))

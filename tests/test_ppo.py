@@ -26,7 +26,7 @@ def _config(tmp_path, **overrides):
         output_dir=str(tmp_path / "run"),
         reward_model=None,
         reward_functions=["unused:unused"],
-        iterations=2,
+        max_steps=2,
         rollout_batch_size=16,
         batch_size=8,
         max_new_tokens=8,
@@ -78,7 +78,7 @@ def test_ppo_learns_a_trivial_reward_with_bounded_kl_and_a_fixed_reference(
         tiny_tokenizer,
         tmp_path,
         **_on(device),
-        iterations=25,
+        max_steps=25,
         rollout_batch_size=32,
         batch_size=16,
         max_new_tokens=4,
@@ -86,7 +86,7 @@ def test_ppo_learns_a_trivial_reward_with_bounded_kl_and_a_fixed_reference(
     )
     reference_before = _weights(trainer.models.reference)
     scores, kls = [], []
-    for _ in range(trainer.config.iterations):
+    for _ in range(trainer.config.max_steps):
         metrics, _ = trainer.step()
         scores.append(metrics["score/mean"])
         kls.append(metrics["kl/ref"])
@@ -129,7 +129,8 @@ def test_the_reward_model_gets_the_trainers_gelu_attention_and_packing(
     from transformers.activations import NewGELUActivation
 
     from rlhfkit.experience.scorers import WeightedScorer
-    from rlhfkit.models.loading import RewardModel, TanhGELU
+    from rlhfkit.models.loading import RewardModel
+    from rlhfkit.runtime.activations import TanhGELU
 
     reward_model = RewardModel(tiny_lm(tiny_tokenizer, seed=2).transformer)
     scorer = WeightedScorer([(RewardModelScorer(reward_model), 1.0), (TargetFraction(), 0.5)])
@@ -160,17 +161,15 @@ def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_p
 
 
 def test_resume_continues_exactly(tiny_tokenizer, tmp_path, device):
-    straight = _trainer(tiny_tokenizer, tmp_path / "straight", **_on(device, iterations=2))
+    straight = _trainer(tiny_tokenizer, tmp_path / "straight", **_on(device, max_steps=2))
     straight.train()
 
-    first = _trainer(tiny_tokenizer, tmp_path / "resumed", **_on(device, iterations=2))
+    first = _trainer(tiny_tokenizer, tmp_path / "resumed", **_on(device, max_steps=2))
     first.train(stop_after=1)
     assert (tmp_path / "resumed" / "run" / "checkpoint-1").is_dir()
-    second = _trainer(
-        tiny_tokenizer, tmp_path / "resumed", **_on(device, iterations=2, resume=True)
-    )
+    second = _trainer(tiny_tokenizer, tmp_path / "resumed", **_on(device, max_steps=2, resume=True))
     second.train()
-    assert second.state.iteration == 2 and second.state.complete
+    assert second.state.step == 2 and second.state.complete
     a, b = _weights(straight.trainable), _weights(second.trainable)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert (tmp_path / "resumed" / "run" / "final" / "critic").is_dir()
@@ -179,11 +178,11 @@ def test_resume_continues_exactly(tiny_tokenizer, tmp_path, device):
 
 
 def test_held_out_evaluation_is_logged_and_leaves_training_unchanged(tiny_tokenizer, tmp_path):
-    plain = _trainer(tiny_tokenizer, tmp_path / "plain", iterations=3)
+    plain = _trainer(tiny_tokenizer, tmp_path / "plain", max_steps=3)
     plain.train()
     held_out = tiny_prompts(tiny_tokenizer, 80)[64:]  # not among the training prompts
     evaluated = _trainer(
-        tiny_tokenizer, tmp_path / "evaluated", eval_prompts=held_out, iterations=3, eval_every=2
+        tiny_tokenizer, tmp_path / "evaluated", eval_prompts=held_out, max_steps=3, eval_every=2
     )
     evaluated.train()
     a, b = _weights(plain.trainable), _weights(evaluated.trainable)
@@ -202,12 +201,12 @@ def test_held_out_evaluation_is_logged_and_leaves_training_unchanged(tiny_tokeni
 def test_a_checkpoint_with_one_optimiser_for_both_models_is_refused_by_name(
     tiny_tokenizer, tmp_path
 ):
-    first = _trainer(tiny_tokenizer, tmp_path, iterations=2)
+    first = _trainer(tiny_tokenizer, tmp_path, max_steps=2)
     first.train(stop_after=1)
     optimizer_file = tmp_path / "run" / "checkpoint-1" / OPTIMIZER_FILE
-    # The layout before policy and critic had one AdamW each: a single optimiser's state.
-    ckpt.save_state(first.learners[0].optimizer.state_dict(), optimizer_file)
-    second = _trainer(tiny_tokenizer, tmp_path, iterations=2, resume=True)
+    # The layout of earlier versions: a single optimiser's state, not one per learner by name.
+    ckpt.save_state(first.learners["policy"].optimizer.state_dict(), optimizer_file)
+    second = _trainer(tiny_tokenizer, tmp_path, max_steps=2, resume=True)
     with pytest.raises(ValueError, match="no optimiser state for policy, critic.*resume: false"):
         second.train()
 
@@ -217,7 +216,7 @@ def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_p
     critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
     base_before = {k: v.clone() for k, v in policy.state_dict().items() if "lora_" not in k}
     trainer = PPOTrainer(
-        _config(tmp_path, **_on(device, lora=True, iterations=1)),
+        _config(tmp_path, **_on(device, lora=True, max_steps=1)),
         policy,
         tiny_tokenizer,
         tiny_prompts(tiny_tokenizer),
@@ -262,7 +261,7 @@ def test_value_head_critic_and_ptx_term(tiny_tokenizer, tmp_path):
         ("kl_estimator", "k4"),
         ("reward_weights", [1.0, 2.0]),
         ("ptx_coef", -1.0),
-        ("max_steps", 10),
+        ("max_steps", 0),
     ],
 )
 def test_config_errors_name_the_field(tmp_path, field, value):

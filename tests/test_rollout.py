@@ -12,16 +12,17 @@ from rlhfkit.data import pad
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions
 from rlhfkit.experience.rollout import (
+    ExperienceMaker,
     Rollout,
     RolloutModels,
     RolloutSettings,
     explained_variance,
-    make_rollout,
 )
 from rlhfkit.experience.scorers import FunctionScorer, ScoreError
 from rlhfkit.models.passes import critic_values, sequence_inputs
 from rlhfkit.ops.advantages import gae
 from rlhfkit.ops.masks import last_token_index, masked_mean
+from rlhfkit.runtime.machine import Runtime
 
 EOS, PAD, VOCAB = 0, 1, 12
 
@@ -89,17 +90,19 @@ def _rollout(
     policy = BigramLM(_table() if table is None else table)
     reference = BigramLM(_table(seed=1))
     sampling = SamplingConfig(max_new_tokens=5, temperature=temperature, greedy=greedy)
-    return make_rollout(
+    maker = ExperienceMaker(
         RolloutModels(policy, reference, critic or PositionCritic()),
         scorer or FunctionScorer(lambda p, r: [float(len(x)) for x in r]),
-        query,
-        query_mask,
         Tokenizer(),
         RolloutSettings(sampling=sampling, **settings),
+        Runtime(torch.device("cpu"), bf16=False, attention=None, side_by_side=parallel),
+    )
+    return maker.make(
+        query,
+        query_mask,
         kl_coef=kl_coef,
         moments=RunningMoments(),
         generator=torch.Generator().manual_seed(0),
-        parallel=parallel,
     )
 
 

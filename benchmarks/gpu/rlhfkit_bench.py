@@ -10,7 +10,7 @@ Workloads (one iteration each; sizes in ``workloads.FULL``): PPO 64 prompts x 12
 reference; GRPO 16 prompts x 8 generations x 256 new tokens, one optimiser step, digit reward,
 k3 KL term (beta 0.04) against a reference; DPO 16 pairs of 512-token rows; SFT 16 rows of 512
 tokens. The real trainers run: ``PPOTrainer.step()`` for PPO, and for GRPO, DPO and SFT the
-shared loop's optimiser step (``Trainer._optimizer_step``, the body of ``train()`` without its
+shared loop's optimiser step (``Trainer.train_step``, the body of ``train()`` without its
 checkpoint, final evaluation and plots, which would cost seconds and disk for nothing here).
 Each iteration is timed between CUDA synchronisations; the median leaves out the warm-up.
 
@@ -113,7 +113,7 @@ def run_ppo(w: wl.Workload, assets: Path, args, out: str):
         train_data="in-memory",
         reward_model="in-memory",
         eval_data=None,
-        iterations=w.iterations,
+        max_steps=w.iterations,
         rollout_batch_size=w.batch,
         batch_size=w.minibatch_size,
         ppo_epochs=w.epochs,
@@ -142,7 +142,7 @@ def run_ppo(w: wl.Workload, assets: Path, args, out: str):
         "init_sec": init,
         "phases_sec_last": {k: rows[-1][f"time/{k}"] for k in ("generate", "forward", "update")},
         "library_response_length": rows[-1]["response/length"],
-        "parallel_critic": trainer.parallel,
+        "parallel_critic": trainer.runtime.side_by_side,
     }
     return times, timer, extra, config
 
@@ -185,7 +185,7 @@ def run_grpo(w: wl.Workload, assets: Path, args, out: str):
     set_seed(config.seed)
     trainer.model.train()
     rows = []
-    times = timed_steps(lambda: rows.append(trainer._optimizer_step()), w.iterations)
+    times = timed_steps(lambda: rows.append(trainer.train_step()), w.iterations)
     extra = {"init_sec": init, "library_response_length": rows[-1]["response/length"]}
     return times, timer, extra, config
 
@@ -222,7 +222,7 @@ def run_dpo(w: wl.Workload, assets: Path, args, out: str):
     set_seed(config.seed)
     trainer.model.train()
     rows = []
-    times = timed_steps(lambda: rows.append(trainer._optimizer_step()), w.iterations)
+    times = timed_steps(lambda: rows.append(trainer.train_step()), w.iterations)
     lengths = [len(p.example.prompt_ids) + len(r) for p in pairs for r in p.example.response_ids]
     extra = {
         "init_sec": init,
@@ -259,7 +259,7 @@ def run_sft(w: wl.Workload, assets: Path, args, out: str):
     set_seed(config.seed)
     trainer.model.train()
     rows = []
-    times = timed_steps(lambda: rows.append(trainer._optimizer_step()), w.iterations)
+    times = timed_steps(lambda: rows.append(trainer.train_step()), w.iterations)
     lengths = [len(e.input_ids) for e in examples]
     extra = {
         "init_sec": init,

@@ -29,10 +29,10 @@ The digits task is the user's own toy experiment: reward = how many numbers a co
 contains, capped at ``DIGITS_CAP`` = 10 so that the optimum is reachable and the scale stays
 small. A number is a maximal run of digits ("411") or an English cardinal word ("ten",
 "thousand"; each word counts once). Departure from a digits-only count: Austen wrote numbers
-as words (the corpus has 49 digit runs in 856k tokens), so only 0.14% of the base model's
-samples contain a digit but 11% contain a number word; counting words gives the learner a
-signal to start from. Degenerate "411 411 355 355 ..." or "ten ten two ten" text maximises
-it; that is the point of the experiment (the KL penalty is what should stop it).
+as words, so the base model's samples rarely contain a digit but far more often a number word
+(counts: docs/grpo.md, "Why the digits reward counts number words"); counting words gives the
+learner a signal to start from. Degenerate "411 411 355 355 ..." or "ten ten two ten" text
+maximises it; that is the point of the experiment (the KL penalty is what should stop it).
 """
 
 from __future__ import annotations

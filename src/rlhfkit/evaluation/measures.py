@@ -44,8 +44,7 @@ from rlhfkit.interact.sampling import (
     sample_responses,
 )
 from rlhfkit.models.lora import reference_mode
-from rlhfkit.models.passes import response_logits, sequence_inputs
-from rlhfkit.ops.logprobs import token_logprobs
+from rlhfkit.models.passes import response_logprobs, sequence_inputs
 from rlhfkit.ops.masks import masked_sum
 from rlhfkit.tasks import REWARD_FUNCTIONS, distinct_n
 
@@ -60,11 +59,10 @@ def win_rate(scores: torch.Tensor, baseline: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def response_logprobs(model: nn.Module, batch: ScoreInput, temperature: float = 1.0):
+def response_logprob(model: nn.Module, batch: ScoreInput, temperature: float = 1.0):
     """log pi(response | query) per row (B,): the sum of the response tokens' log-probs."""
     inputs = sequence_inputs(batch.query, batch.query_mask, batch.response, batch.response_mask)
-    logits, _ = response_logits(model, inputs, batch.response.shape[1], temperature)
-    logprobs = token_logprobs(logits, batch.response)  # (B, Tr)
+    logprobs = response_logprobs(model, inputs, batch.response, temperature).logprobs  # (B, Tr)
     return masked_sum(logprobs.float(), batch.response_mask, dim=1)  # (B,)
 
 
@@ -82,13 +80,13 @@ def sample_kl(
     policy.eval()
     kls = []
     for batch in batches:
-        logp = response_logprobs(policy, batch, temperature)  # (B,)
+        logp = response_logprob(policy, batch, temperature)  # (B,)
         if reference is None:
             with reference_mode(policy) as ref:
-                ref_logp = response_logprobs(ref, batch, temperature)
+                ref_logp = response_logprob(ref, batch, temperature)
         else:
             reference.eval()
-            ref_logp = response_logprobs(reference, batch, temperature)
+            ref_logp = response_logprob(reference, batch, temperature)
         kls.append((logp - ref_logp).cpu())
     return torch.cat(kls)
 

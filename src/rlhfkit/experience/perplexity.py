@@ -7,7 +7,7 @@ For a prompt x and a response y = y_1 .. y_N (its EOS included when one was emit
 
 Only response tokens are scored (the prompt is context, not output), and each token's
 log-prob is read from the logits one position earlier: the logits at position t predict the
-token at t + 1 (``ops.logprobs.shifted_logprobs``). The reward is on the log scale because
+token at t + 1 (``ops.logprobs.shifted_logprobs``; from logits alone: ``ops.logprobs.log_perplexity``). The reward is on the log scale because
 perplexity itself is unbounded (exp of a mean NLL) and a few rare tokens would dominate a batch.
 
 This is where the user's environment crashed with ``IndexError: Target 24844 is out of
@@ -29,39 +29,9 @@ from torch import nn
 
 from rlhfkit.data import pad
 from rlhfkit.experience.scorers import ScoreInput, Scorer
-from rlhfkit.ops.logprobs import check_token_ids, shifted_logprobs
-from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
-
-
-def log_perplexity_from_logits(
-    logits: torch.Tensor, input_ids: torch.Tensor, target_mask: torch.Tensor
-) -> torch.Tensor:
-    """Mean negative log-likelihood of the tokens of ``input_ids`` marked by ``target_mask``.
-
-    Args:
-        logits: (B, T, V) the model's output for ``input_ids`` (not shifted by the caller).
-        input_ids: (B, T) integer ids that were fed to the model.
-        target_mask: (B, T) nonzero for the tokens to score (the response tokens). Token 0
-            has no prediction, so it may not be a target.
-
-    Returns:
-        (B,) log perplexity per row; ``exp`` of it is the perplexity.
-    """
-    if logits.dim() != 3:
-        raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}")
-    check_token_ids(input_ids, logits.shape[-1], "input_ids", logits=logits)
-    if target_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"target_mask has shape {tuple(target_mask.shape)}, input_ids {tuple(input_ids.shape)}"
-            ": they must match"
-        )
-    if bool((target_mask[:, 0] != 0).any()):
-        raise ValueError("target_mask marks token 0, which no logit predicts (it needs a context)")
-    empty = ((target_mask != 0).sum(dim=1) == 0).nonzero().flatten().tolist()
-    if empty:
-        raise ValueError(f"rows {empty} have no target token to score")
-    logprobs = shifted_logprobs(logits, input_ids)  # (B, T - 1), logits[:, t] -> ids[:, t + 1]
-    return -masked_mean(logprobs, target_mask[:, 1:], dim=1)  # (B,)
+from rlhfkit.models.passes import response_logprobs, sequence_inputs
+from rlhfkit.ops.logprobs import check_token_ids
+from rlhfkit.ops.masks import masked_mean
 
 
 def _check_pair(ids: torch.Tensor, mask: torch.Tensor, name: str, vocab_size: int) -> None:
@@ -110,20 +80,14 @@ def response_log_perplexity(
         raise ValueError(
             f"rows {no_context} have an empty query: the first response token needs one"
         )
+    empty = ((response_mask != 0).sum(dim=1) == 0).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"rows {empty} have no target token to score (an empty response)")
     query, query_mask = _relayout(query, query_mask, "left")  # (B, Tq')
     response, response_mask = _relayout(response, response_mask, "right")  # (B, Tr')
-    input_ids = torch.cat([query, response], dim=1)  # (B, Tq' + Tr')
-    attention_mask = torch.cat([query_mask, response_mask], dim=1)  # (B, Tq' + Tr')
-    width = response.shape[1] + 1  # the last query position predicts the first response token
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-        logits_to_keep=width,
-    ).logits  # (B, Tr' + 1, V)
-    scored = torch.cat([torch.zeros_like(query_mask[:, -1:]), response_mask], dim=1)
-    return log_perplexity_from_logits(logits, input_ids[:, -width:], scored)  # (B,)
+    inputs = sequence_inputs(query, query_mask, response, response_mask)
+    logprobs = response_logprobs(model, inputs, response).logprobs  # (B, Tr')
+    return -masked_mean(logprobs, response_mask, dim=1)  # (B,)
 
 
 class PerplexityScorer(Scorer):

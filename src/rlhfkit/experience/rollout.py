@@ -13,20 +13,21 @@ lm-human-preferences and TRL; at T != 1 they are not the log-probs of the temper
 Departure shared with TRL: top-k / top-p filtering is not reflected in the log-probs (the
 ratio and KL use the full softmax), so keep them off for PPO unless you accept that bias.
 
-The passes themselves (inputs, response logits, critic values) are in ``passes.py``.
+``ExperienceMaker`` makes it; the passes themselves (inputs, response logits, critic values)
+are in ``models/passes.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
-from rlhfkit.experience.generation import SamplingConfig, generate
+from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
 from rlhfkit.experience.scorers import ScoreInput, Scorer
 from rlhfkit.models.loading import ValueModel, freeze, load_causal_lm
@@ -35,12 +36,13 @@ from rlhfkit.models.passes import (
     ValueHeadLM,
     causal_lm,
     critic_values,
-    response_logits,
+    response_logprobs,
     sequence_inputs,
 )
 from rlhfkit.ops.advantages import gae
-from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
+from rlhfkit.ops.logprobs import entropy_from_logits
 from rlhfkit.ops.masks import masked_mean, masked_var, masked_whiten
+from rlhfkit.runtime.machine import Runtime
 from rlhfkit.runtime.packing import packing_enabled
 from rlhfkit.runtime.parallel import run_parallel
 
@@ -183,12 +185,10 @@ def _policy_passes(
     models: RolloutModels, inputs: dict, response: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logprobs, entropy, values), each (b, Tr), of the policy and the critic for one chunk."""
-    response_len = response.shape[1]
-    logits, values = response_logits(models.policy, inputs, response_len, temperature)
-    logprobs = token_logprobs(logits, response)  # (b, Tr)
+    logprobs, logits, values = response_logprobs(models.policy, inputs, response, temperature)
     entropy = entropy_from_logits(logits)  # (b, Tr)
     if models.critic is not None:
-        values = critic_values(models.critic, inputs, response_len)  # (b, Tr)
+        values = critic_values(models.critic, inputs, response.shape[1])  # (b, Tr)
     return logprobs, entropy, values.float()
 
 
@@ -197,128 +197,141 @@ def _reference_logprobs(
 ) -> torch.Tensor:
     """ref_logprobs (b, Tr) for one chunk: the reference model, or the policy with its LoRA
     adapter disabled."""
-    response_len = response.shape[1]
     if models.reference is None:
         with reference_mode(causal_lm(models.policy)) as lm:
-            ref_logits, _ = response_logits(lm, inputs, response_len, temperature)
-    else:
-        ref_logits, _ = response_logits(models.reference, inputs, response_len, temperature)
-    return token_logprobs(ref_logits, response)  # (b, Tr)
+            return response_logprobs(lm, inputs, response, temperature).logprobs
+    return response_logprobs(models.reference, inputs, response, temperature).logprobs
 
 
-@torch.no_grad()
-def make_rollout(
-    models: RolloutModels,
-    scorer: Scorer,
-    query: torch.Tensor,
-    query_mask: torch.Tensor,
-    tokenizer,
-    settings: RolloutSettings,
-    kl_coef: float,
-    moments: RunningMoments | None = None,
-    generator: torch.Generator | None = None,
-    autocast=nullcontext,
-    parallel: bool = False,
-) -> Rollout:
-    """Generate, forward, score, shape rewards, GAE: one batch of PPO experience.
+@dataclass
+class ExperienceMaker:
+    """What makes PPO experience, in one object: the models, the scorer, the tokenizer, the
+    settings and the runtime (device, precision, passes side by side on a CPU).
 
-    After sampling, the policy and critic passes run beside the reference pass and the
-    scorer with ``parallel``, each side on half the CPU's threads (``parallel.py``): faster on
-    a CPU, with the same numbers (docs/ppo.md). A LoRA policy, whose reference is the same module, runs them in turn.
-
-    Args:
-        models: policy, reference and critic (put in eval mode here; the caller switches back).
-        scorer: gives the (B,) scores.
-        query, query_mask: (B, Tq) left-padded prompts.
-        tokenizer: decodes prompts and responses for the scorer and the logs; its EOS ends
-            responses and its pad fills after them.
-        settings: see ``RolloutSettings``.
-        kl_coef: the current beta of the KL penalty.
-        moments: running score statistics (needed when normalising scores).
-        generator: the sampling random source.
-        autocast: a context-manager factory for the model passes (e.g. bf16 autocast).
-        parallel: the two sides of the passes at once, on a CPU.
-
-    ``timings`` holds the seconds of ``generate``, of ``forward`` (every pass and the
-    scoring) and of ``score`` (the scorer alone, a part of ``forward``).
+    ``make(query, query_mask)`` is one batch of experience, as a numbered recipe:
+    1. sample a response per prompt from the policy;
+    2. one no-grad pass of query + response through the policy and the critic (log-probs,
+       entropy, values) and, beside them, through the reference, and score the responses;
+    3. turn raw scores into the scores PPO adds (missing-EOS penalty, normalisation, clip);
+    4. shape per-token rewards: -beta * KL each token, plus the score at the last real token;
+    5. advantages and returns by GAE, advantages whitened.
+    ``sample`` is step 1 alone, for evaluation.
     """
-    for model in (models.policy, models.reference, models.critic):
-        if model is not None:
-            model.eval()
-    timings = {}
-    started = time.perf_counter()
-    with autocast():
-        out = generate(
-            causal_lm(models.policy),
-            query,
-            query_mask,
-            settings.sampling,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            generator=generator,
+
+    models: RolloutModels
+    scorer: Scorer
+    tokenizer: Any
+    settings: RolloutSettings
+    runtime: Runtime
+
+    @torch.no_grad()
+    def sample(
+        self, query: torch.Tensor, query_mask: torch.Tensor, generator=None
+    ) -> GenerationOutput:
+        """Step 1: a response per row of the left-padded ``query`` (B, Tq), every model in
+        eval mode (the caller switches back)."""
+        for model in (self.models.policy, self.models.reference, self.models.critic):
+            if model is not None:
+                model.eval()
+        with self.runtime.autocast():
+            return generate(
+                causal_lm(self.models.policy),
+                query,
+                query_mask,
+                self.settings.sampling,
+                eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id,
+                generator=generator,
+            )
+
+    @torch.no_grad()
+    def make(
+        self,
+        query: torch.Tensor,
+        query_mask: torch.Tensor,
+        *,
+        kl_coef: float,
+        moments: RunningMoments | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Rollout:
+        """Steps 1-5 on ``query``, ``query_mask`` (B, Tq). ``kl_coef`` is the current beta,
+        ``moments`` the running score statistics (when scores are normalised), ``generator``
+        the sampling random source. ``timings`` holds the seconds of ``generate``, of
+        ``forward`` (every pass and the scoring) and of ``score`` (the scorer alone)."""
+        settings, timings = self.settings, {}
+        started = time.perf_counter()
+        out = self.sample(query, query_mask, generator)  # 1
+        timings["generate"] = time.perf_counter() - started
+        started = time.perf_counter()
+        batch = ScoreInput.from_ids(
+            self.tokenizer, query, query_mask, out.response, out.response_mask
         )
-    timings["generate"] = time.perf_counter() - started
+        passes = self._passes(query, query_mask, out, batch)  # 2
+        logprobs, entropy, values, ref_logprobs, raw_scores, timings["score"] = passes
+        timings["forward"] = time.perf_counter() - started
+        moments = moments or RunningMoments()
+        scores = process_scores(raw_scores, out.eos_emitted, settings.scores, moments)  # 3
+        rewards, kl = shape_rewards(  # 4: (B, Tr) each
+            scores, logprobs, ref_logprobs, out.response_mask, kl_coef, settings.kl_estimator
+        )
+        mask = out.response_mask
+        advantages, returns = gae(rewards, values, mask, settings.gamma, settings.lam)  # 5
+        if settings.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        return Rollout(
+            query=query,
+            query_mask=query_mask,
+            response=out.response,
+            response_mask=mask,
+            logprobs=logprobs,
+            ref_logprobs=ref_logprobs,
+            entropy=entropy,
+            values=values,
+            raw_scores=raw_scores,
+            scores=scores,
+            kl=kl,
+            rewards=rewards,
+            advantages=advantages,
+            returns=returns,
+            eos_emitted=out.eos_emitted,
+            prompts=batch.prompts,
+            responses=batch.responses,
+            timings=timings,
+        )
 
-    started = time.perf_counter()
-    rows = torch.arange(len(query), device=query.device).split(
-        settings.forward_batch_size or len(query)
-    )
-    sequences, packed = (query, query_mask, out.response, out.response_mask), models.packed
-    chunks = [
-        (sequence_inputs(*(x[r] for x in sequences), packed=packed), out.response[r]) for r in rows
-    ]
-    temperature = settings.sampling.temperature
-    batch = ScoreInput.from_ids(tokenizer, query, query_mask, out.response, out.response_mask)
+    def _passes(
+        self, query: torch.Tensor, query_mask: torch.Tensor, out: GenerationOutput, batch
+    ) -> tuple:
+        """Step 2: (logprobs, entropy, values, ref_logprobs) (B, Tr) each, raw scores (B,) and
+        the scorer's seconds. The policy and critic passes run beside the reference pass and
+        the scorer when the runtime says so, each side on half the CPU's threads
+        (``parallel.py``): the same numbers, sooner (docs/ppo.md). A LoRA policy, whose
+        reference is the same module with its adapter off, runs them in turn."""
+        models, temperature = self.models, self.settings.sampling.temperature
+        rows = torch.arange(len(query), device=query.device).split(
+            self.settings.forward_batch_size or len(query)
+        )
+        sequences = (query, query_mask, out.response, out.response_mask)
+        chunks = [
+            (sequence_inputs(*(x[r] for x in sequences), packed=models.packed), out.response[r])
+            for r in rows
+        ]
 
-    def policy_side() -> list[torch.Tensor]:  # logprobs, entropy, values
-        with autocast():
-            parts = [_policy_passes(models, *chunk, temperature) for chunk in chunks]
-        return [torch.cat(p) for p in zip(*parts, strict=True)]
+        def policy_side() -> list[torch.Tensor]:  # logprobs, entropy, values
+            with self.runtime.autocast():
+                parts = [_policy_passes(models, *chunk, temperature) for chunk in chunks]
+            return [torch.cat(p) for p in zip(*parts, strict=True)]
 
-    def reference_side() -> tuple[torch.Tensor, torch.Tensor, float]:
-        with autocast():
-            ref = [_reference_logprobs(models, *chunk, temperature) for chunk in chunks]
-            scoring = time.perf_counter()
-            raw = scorer(batch)  # (B,)
-        return torch.cat(ref), raw, time.perf_counter() - scoring
+        def reference_side() -> tuple[torch.Tensor, torch.Tensor, float]:
+            with self.runtime.autocast():
+                ref = [_reference_logprobs(models, *chunk, temperature) for chunk in chunks]
+                scoring = time.perf_counter()
+                raw = self.scorer(batch)  # (B,)
+            return torch.cat(ref), raw, time.perf_counter() - scoring
 
-    # With LoRA the reference is the policy's own module with its adapter switched off, so
-    # the two sides cannot run at once.
-    side_by_side = parallel and models.reference is not None
-    (logprobs, entropy, values), (ref_logprobs, raw_scores, timings["score"]) = run_parallel(
-        [policy_side, reference_side], enabled=side_by_side
-    )
-    timings["forward"] = time.perf_counter() - started  # the passes and the scoring
-    scores = process_scores(
-        raw_scores, out.eos_emitted, settings.scores, moments or RunningMoments()
-    )
-
-    rewards, kl = shape_rewards(
-        scores, logprobs, ref_logprobs, out.response_mask, kl_coef, settings.kl_estimator
-    )  # (B, Tr) each
-    advantages, returns = gae(rewards, values, out.response_mask, settings.gamma, settings.lam)
-    if settings.whiten_advantages:
-        advantages = masked_whiten(advantages, out.response_mask)
-    return Rollout(
-        query=query,
-        query_mask=query_mask,
-        response=out.response,
-        response_mask=out.response_mask,
-        logprobs=logprobs,
-        ref_logprobs=ref_logprobs,
-        entropy=entropy,
-        values=values,
-        raw_scores=raw_scores,
-        scores=scores,
-        kl=kl,
-        rewards=rewards,
-        advantages=advantages,
-        returns=returns,
-        eos_emitted=out.eos_emitted,
-        prompts=batch.prompts,
-        responses=batch.responses,
-        timings=timings,
-    )
+        side_by_side = self.runtime.side_by_side and models.reference is not None
+        policy, reference = run_parallel([policy_side, reference_side], enabled=side_by_side)
+        return (*policy, *reference)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

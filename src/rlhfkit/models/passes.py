@@ -1,8 +1,9 @@
 """The passes of a policy, its critic and its reference over query + response side by side:
-the model inputs, the logits of the response tokens, the critic's values.
+the model inputs, the log-probs and logits of the response tokens, the critic's values; and
+the log-probs of the labelled tokens of whole sequences (SFT, PPO-ptx, DPO).
 
-Shared by PPO's rollout and update (``rollout.py``, ``trainers/ppo.py``), GRPO and the
-measures of ``evaluate``, so that every one of them reads the same positions.
+``response_logprobs`` and ``labelled_logprobs`` are the only places where a model's log-probs
+are read, so every stage reads the same positions the same way.
 
 Values: the critic's value V(s_t) for response token t is read at the position that predicts
 it (the last query token for t = 0), as in TRL: ``values[:, Tq - 1 : -1]``.
@@ -14,9 +15,13 @@ of the padded layout, so every caller gets the same (B, Tr) tensors either way.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
+from rlhfkit.data import IGNORE_INDEX
+from rlhfkit.ops.logprobs import shifted_logprobs, token_logprobs
 from rlhfkit.ops.masks import position_ids_from_mask
 from rlhfkit.runtime.packing import PackedRows
 
@@ -129,3 +134,51 @@ def critic_values(critic: nn.Module, inputs: dict, response_len: int) -> torch.T
     else:
         values = critic(inputs["input_ids"], inputs["attention_mask"])  # (B, Tq + Tr)
     return _read(values, inputs, _predicting(inputs, response_len)).float()
+
+
+class ResponsePass(NamedTuple):
+    """A model's pass over query + response, read at the response tokens."""
+
+    logprobs: torch.Tensor  # (B, Tr) log pi(response token | everything before it)
+    logits: torch.Tensor  # (B, Tr, V) the logits they come from, divided by the temperature
+    values: torch.Tensor | None  # (B, Tr) the values of a ``ValueHeadLM``, else None
+
+
+def response_logprobs(
+    model: nn.Module, inputs: dict, response: torch.Tensor, temperature: float = 1.0
+) -> ResponsePass:
+    """Log-probs of the ``response`` tokens (B, Tr) under ``model``, given the query before
+    them: the one function every stage uses for them on query + response (``sequence_inputs``
+    builds ``inputs``). PPO's rollout and update, GRPO, evaluation's KL and perplexity call it;
+    labelled sequences (SFT, PPO-ptx, DPO) go through ``labelled_logprobs``, which reads the
+    same log-softmax at the positions their labels mark."""
+    logits, values = response_logits(model, inputs, response.shape[1], temperature)
+    return ResponsePass(token_logprobs(logits, response), logits, values)
+
+
+def labelled_logprobs(
+    model: nn.Module, batch: dict, trim: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of the labelled tokens of whole sequences (prompt and response in one row,
+    ``labels`` -100 where nothing is scored): ``logprobs`` (B, K) of token t + 1 given tokens
+    up to t, and ``mask`` (B, K), true where that token is labelled.
+
+    With ``trim`` only the positions from the batch's first labelled token on go through the
+    LM head (``logits_to_keep``): the prompt tokens before it predict nothing that is scored.
+    SFT reads every position (``trim=False``, K = T - 1): trimming would change the order of
+    its loss's sum, hence its last bits, and the published demo figures with them.
+    """
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, T)
+    scored = batch["labels"] != IGNORE_INDEX  # (B, T)
+    width = input_ids.shape[1]
+    first = int(scored.any(0).nonzero()[0]) if trim and scored.any() else 0
+    keep = width - max(first - 1, 0)  # logits at t predict token t + 1
+    logits = causal_lm(model)(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        logits_to_keep=keep,
+    ).logits  # (B, keep, V)
+    logprobs = shifted_logprobs(logits, input_ids[:, width - keep :])  # (B, keep - 1)
+    return logprobs, scored[:, width - keep + 1 :]

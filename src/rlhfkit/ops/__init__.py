@@ -7,6 +7,7 @@ from rlhfkit.ops.advantages import gae, group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import (
     check_token_ids,
     entropy_from_logits,
+    log_perplexity,
     shifted_logprobs,
     token_logprobs,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "kl_k3",
     "kl_penalty",
     "last_token_index",
+    "log_perplexity",
     "masked_mean",
     "masked_sum",
     "masked_var",

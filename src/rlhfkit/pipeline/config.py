@@ -150,8 +150,21 @@ def stage_configs(config: PipelineConfig) -> Stages:
         eval_data=comparisons,
         **split,
     )
+    return Stages(sft, reward, ppo, dpo, _eval_config(config, base, sft, reward, ppo, dpo))
+
+
+def _eval_config(
+    config: PipelineConfig,
+    base: str,
+    sft: SFTConfig,
+    reward: RewardConfig,
+    ppo: PPOConfig,
+    dpo: DPOConfig,
+) -> EvalConfig:
+    """The evaluation of every model the pipeline trained, sampled as PPO sampled."""
+    sft_final = str(sft.final_dir)
     models = {"base": base, "sft": sft_final, "ppo": str(ppo.final_dir), "dpo": str(dpo.final_dir)}
-    evaluation = _build(
+    return _build(
         EvalConfig,
         "eval",
         config.eval,
@@ -160,14 +173,13 @@ def stage_configs(config: PipelineConfig) -> Stages:
         reward_model=str(reward.final_dir),
         task=config.task,
         prompts=config.data("prompts"),
-        comparisons=comparisons,
+        comparisons=config.data("comparisons"),
         split="test",
         max_new_tokens=ppo.max_new_tokens,
         temperature=ppo.temperature,
-        output=str(run / "eval.json"),
-        seed=seed,
+        output=str(config.run_dir / "eval.json"),
+        seed=config.seed,
     )
-    return Stages(sft, reward, ppo, dpo, evaluation)
 
 
 @dataclass

@@ -89,7 +89,7 @@ def run_ppo_stage(config: PipelineConfig, stages: Stages) -> None:
         points.record(0)  # the SFT model itself: KL 0, the curves' origin
     while not trainer.state.complete:
         trainer.train(stop_after=config.ppo_eval_every)
-        points.record(trainer.state.iteration)
+        points.record(trainer.state.step)
 
 
 class PPOEvalPoints:

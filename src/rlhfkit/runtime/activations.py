@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch import nn
 from torch.nn import functional
+from transformers.activations import GELUTanh, NewGELUActivation
 
 TABLE_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -64,3 +66,27 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu" and x.dtype in TABLE_DTYPES:
         return _TableGELU.apply(x)
     return functional.gelu(x, approximate="tanh")
+
+
+class TanhGELU(nn.Module):
+    """GPT-2's tanh GELU as one call of ``gelu_tanh`` (tables for 16-bit floats on CPU)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh(x)
+
+
+def fuse_gelu(model: nn.Module) -> nn.Module:
+    """Swap the tanh GELU of GPT-2-style models (transformers' ``NewGELUActivation`` and
+    ``GELUTanh``) for ``TanhGELU``, in place.
+
+    ``NewGELUActivation`` runs ~8 elementwise kernels forward and more backward; torch's
+    ``gelu(approximate="tanh")`` is the same function to float rounding in one kernel, and
+    under bf16 autocast ``gelu_tanh`` reads it from a table (timings: docs/ppo.md). Every model rlhfkit loads gets it (training, evaluation, sampling, chat),
+    and every trainer gives it to the models it is handed. The weights and the saved model
+    are untouched: a checkpoint loads into stock transformers as before.
+    """
+    for module in model.modules():
+        for name, child in module.named_children():
+            if type(child) in (NewGELUActivation, GELUTanh):
+                setattr(module, name, TanhGELU())
+    return model

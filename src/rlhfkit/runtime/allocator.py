@@ -12,11 +12,10 @@ come from the heap and freed ones stay there for the next step. The process's pe
 unchanged; what it holds after a peak is not given back. ``jemalloc`` or ``tcmalloc``, with
 their PyTorch settings, do the same, but must be preloaded.
 
-Measured on ``benchmarks/bench_ppo.py``'s workload: one policy update step on one core took
-4,500-6,300 page faults with glibc's defaults and none with these thresholds (72-80 ms per
-step against 77-102 ms); the whole benchmark's process took 420-580 thousand faults against
-233-247 thousand, and a median of 1.555 s per iteration against 1.65 s (five alternating
-runs each). ``tests/test_allocator.py`` shows the same on a plain GPT-2 training step.
+On ``benchmarks/bench_ppo.py``'s workload a policy update step then takes no page faults, and
+both the step and the whole iteration are faster (fault counts and timings: docs/ppo.md, "Speed
+on a CPU" and "Measured before 2026-11-24 on the 2-core CPU development machine").
+``tests/test_allocator.py`` shows the faults going away on a plain GPT-2 training step.
 
 Every trainer calls it with its device. A user's own malloc settings (``GLIBC_TUNABLES``
 or ``MALLOC_*_`` variables) take precedence: the thresholds are then left as they are.

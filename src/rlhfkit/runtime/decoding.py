@@ -9,7 +9,8 @@ Two kinds, with the same numbers up to float rounding:
   and replayed: one launch per token instead of a few hundred kernel launches, which is where
   a small model's decoding time goes (the "static cache + CUDA graphs" recipe of transformers'
   ``cache_implementation="static"`` with ``torch.compile(mode="reduce-overhead")``, done
-  with ``torch.cuda.CUDAGraph`` directly so nothing is compiled and no shape recompiles).
+  with ``torch.cuda.CUDAGraph`` directly so nothing is compiled and no shape recompiles;
+  timings: docs/gpu.md, "Generation against a bare decode loop").
 
 The static kind needs a transformers model that supports ``StaticCache`` (those marked
 ``_can_compile_fullgraph``); ``decoder_for`` falls back to the dynamic one otherwise.

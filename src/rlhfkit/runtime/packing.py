@@ -1,7 +1,8 @@
 """Padding-free passes: the real tokens of a padded (B, T) batch packed into one row.
 
-A PPO minibatch of queries (left-padded) and responses (right-padded) is partly padding: on
-``benchmarks/bench_ppo.py``'s prompts (4-21 tokens) 14-27% of its positions. Every layer
+A PPO minibatch of queries (left-padded) and responses (right-padded) is partly padding, a
+sizeable share of its positions on ``benchmarks/bench_ppo.py``'s prompts (how much, and what
+skipping it saves: docs/ppo.md, "Speed on a CPU"). Every layer
 of a transformer but attention works position by position, so it can run on the N real
 tokens alone, packed row after row into one sequence of N. Attention, the one layer that
 mixes positions, lays the packed tokens out again as a (B, W) batch with each row starting at
@@ -60,10 +61,10 @@ class PackedRows:
     The packed row is L >= N tokens long: ``packed_length`` rounds N up, and the filler
     tokens at its end (the batch's first token at position 0, attending to slot 0) are read
     by nothing, so they take no part in any result or gradient. Both roundings are there
-    because a matrix product of a shape it has not seen costs oneDNN a new kernel on a CPU:
-    ~0.4 ms more for a (300, 256) x (256, 768) bf16 product and ~1.1 ms for the two (32, W, 64)
-    attention products, and memory kept for each. With every minibatch's own N, a PPO step
-    would pay that for each of its ~50 products: the benchmark lost 10% instead of gaining.
+    because a matrix product of a shape it has not seen costs oneDNN a new kernel on a CPU,
+    time the first time and memory kept for each. With every minibatch's own N, a PPO step
+    would pay that for each of its ~50 products, and the benchmark lost time instead of gaining
+    (timings: docs/ppo.md, "Speed on a CPU").
     """
 
     tokens: torch.Tensor

@@ -3,10 +3,11 @@
 On a CPU, PyTorch splits every operator over its intra-op threads. For the small matrices of
 a small model the threads spend much of each operator starting, waiting and joining, so two
 independent chains of work (the policy's and the critic's PPO updates, which share nothing
-but their minibatches; ``trainers/ppo_update.py`` has the measurements) finish sooner side by
-side, each on its own share of the threads, than one after the other with all threads on
-every operator. Larger operators gain nothing: the no-grad passes of a 32-sequence rollout
-already keep two cores busy (189 ms one after the other, 196 ms side by side).
+but their minibatches) finish sooner side by side, each on its own share of the threads, than
+one after the other with all threads on every operator. Larger operators gain less: with
+torch's own kernels the no-grad passes of a 32-sequence rollout kept two cores busy already,
+and they gain side by side only because the table GELU's lookup runs on one thread and the
+log-softmax blocks split badly (timings of both: docs/ppo.md, "Speed on a CPU").
 
 Each task runs in a fresh Python thread. PyTorch fixes a thread's intra-op thread count when
 the thread first runs a parallel operator, so threads started while the count is lowered

@@ -37,7 +37,6 @@ from torch import nn
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import (
-    IGNORE_INDEX,
     PairCollator,
     PreferenceExample,
     encode_comparisons,
@@ -48,9 +47,9 @@ from rlhfkit.models.loading import (
     load_reference,
     load_tokenizer,
 )
-from rlhfkit.ops.logprobs import shifted_logprobs
+from rlhfkit.models.passes import labelled_logprobs
 from rlhfkit.ops.losses import dpo_loss
-from rlhfkit.ops.masks import masked_mean, masked_sum, position_ids_from_mask
+from rlhfkit.ops.masks import masked_mean, masked_sum
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.loop import Batch, epoch_order
 from rlhfkit.trainers.policy import PolicyTrainer
@@ -91,31 +90,15 @@ def preference_pairs(examples: Sequence[PreferenceExample]) -> list[DPOPair]:
 
 
 def sequence_logps(model: nn.Module, batch: Batch, average: bool = False) -> torch.Tensor:
-    """Log-prob of each row's response under ``model``: sum (or mean) over response tokens.
-
-    Response tokens are the positions where ``batch["labels"]`` is not -100 (EOS included).
-    Only positions from the first response token of the batch on go through the LM head
-    (``logits_to_keep``): the prompt tokens before it predict nothing we score.
+    """Log-prob of each row's response under ``model``: the sum (or mean) of its labelled
+    tokens' log-probs (``passes.labelled_logprobs``; EOS included).
 
     Returns:
         (R,) float32 log-probs, one per row of ``batch["input_ids"]``.
     """
-    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (R, T)
-    scored = batch["labels"] != IGNORE_INDEX  # (R, T)
-    width = input_ids.shape[1]
-    first = int(scored.any(0).nonzero()[0]) if scored.any() else width - 1
-    keep = width - max(first - 1, 0)  # logits at t predict token t + 1
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-        logits_to_keep=keep,
-    ).logits  # (R, keep, V)
-    token_logps = shifted_logprobs(logits, input_ids[:, width - keep :])  # (R, keep - 1)
-    mask = scored[:, width - keep + 1 :]  # (R, keep - 1)
+    logprobs, mask = labelled_logprobs(model, batch)  # (R, K) each
     reduce = masked_mean if average else masked_sum
-    return reduce(token_logps, mask, dim=1)
+    return reduce(logprobs, mask, dim=1)
 
 
 class DPOTrainer(PolicyTrainer):
@@ -217,7 +200,7 @@ class DPOTrainer(PolicyTrainer):
         """The pairs with their reference log-probs, computed in batches of eval_batch_size."""
         logps = []
         for batch in self.eval_batches(pairs, self.collate_fn):
-            with self.accelerator.autocast():
+            with self.runtime.autocast():
                 rows = self.reference_logps(batch).float().cpu()  # (2n,): chosen, then rejected
             n = batch["pair_count"]
             logps += [(float(rows[i]), float(rows[n + i])) for i in range(n)]
@@ -254,7 +237,7 @@ class DPOTrainer(PolicyTrainer):
             return {}
         sums: dict[str, float] = {}
         for batch in self.eval_batches(self.eval_pairs, self.collate_fn):
-            with self.accelerator.autocast():
+            with self.runtime.autocast():
                 losses, stats = self.pair_losses(batch)
             for key, value in {"loss": losses, **stats}.items():
                 sums[key] = sums.get(key, 0.0) + float(value.float().sum())

@@ -9,7 +9,7 @@
   score of the other k - 1 in its group (``ops.advantages.rloo_advantages``).
 
 Every formula comes from ``ops`` (group advantages, ``ppo_policy_loss``, ``kl_k3``), sampling
-from ``generation``, scoring from ``rewards``, and the sequence layout from ``rollout``.
+from the experience maker (``rollout.ExperienceMaker.sample``), scoring from ``rewards``.
 
 One optimiser step per sampled batch, as TRL's ``GRPOTrainer`` with ``num_iterations=1``:
 each micro-batch samples its own groups from the current policy, so the "old" log-probs of
@@ -35,17 +35,18 @@ from torch import nn
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import PromptCollator, load_prompts
-from rlhfkit.experience.generation import generate
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores
+from rlhfkit.experience.rollout import ExperienceMaker, RolloutModels, RolloutSettings
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import ScoreInput, Scorer
-from rlhfkit.models.loading import load_causal_lm, load_tokenizer, prepare_model
-from rlhfkit.models.passes import response_logits, sequence_inputs
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.passes import response_logprobs, sequence_inputs
 from rlhfkit.ops.advantages import group_advantages, rloo_advantages
-from rlhfkit.ops.logprobs import entropy_from_logits, token_logprobs
+from rlhfkit.ops.logprobs import entropy_from_logits
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
-from rlhfkit.runtime.packing import enable_packing, packing_enabled
+from rlhfkit.runtime.machine import prepare_model
+from rlhfkit.runtime.packing import enable_packing
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.loop import WATCH_RL, Batch
 from rlhfkit.trainers.policy import PolicyTrainer
@@ -108,37 +109,34 @@ class GRPOTrainer(PolicyTrainer):
             for policy_or_reference in (self.unwrapped_model, self.reference):
                 if policy_or_reference is not None:
                     enable_packing(policy_or_reference)
-        # The policy's and the reference's passes take packed inputs only if both can.
-        self.packed = all(packing_enabled(m) for m in (self.unwrapped_model, self.reference) if m)
-        self.scorer = scorer.to(self.accelerator.device)
-        for model in self.scorer.models():  # a reward model: the same GELU and attention
+        scorer = scorer.to(self.accelerator.device)
+        for model in scorer.models():  # a reward model: the same GELU and attention
             prepare_model(model, config.attention, packed=config.padding_free)
+        settings = RolloutSettings(
+            sampling=config.sampling,
+            scores=ScoreOptions(missing_eos_penalty=config.missing_eos_penalty),
+        )
+        models = RolloutModels(self.unwrapped_model, self.reference, None)
+        self.maker = ExperienceMaker(models, scorer, tokenizer, settings, self.runtime)
+        # The policy's and the reference's passes take packed inputs only if both can.
+        self.packed = models.packed
         self.eval_prompts = list(eval_prompts)
-        self.sampling = config.sampling
-        self.score_options = ScoreOptions(missing_eos_penalty=config.missing_eos_penalty)
+
+    @property
+    def scorer(self) -> Scorer:
+        return self.maker.scorer
 
     # ----------------------------------------------------------------- experience
     @torch.no_grad()
     def sample(
         self, query: torch.Tensor, query_mask: torch.Tensor, generator=None
     ) -> tuple[ScoreInput, torch.Tensor]:
-        """One response per row of the left-padded ``query`` (B, Tq), sampled in eval mode.
-
-        Returns the batch as scorers see it and ``eos_emitted`` (B,) bool.
-        """
+        """One response per row of the left-padded ``query`` (B, Tq), sampled in eval mode by
+        the experience maker. Returns the batch as scorers see it and ``eos_emitted`` (B,)."""
         lm = self.unwrapped_model
         was_training = lm.training
-        lm.eval()
         try:
-            out = generate(
-                lm,
-                query,
-                query_mask,
-                self.sampling,
-                eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id,
-                generator=generator,
-            )
+            out = self.maker.sample(query, query_mask, generator)
         finally:
             lm.train(was_training)
         batch = ScoreInput.from_ids(
@@ -150,8 +148,7 @@ class GRPOTrainer(PolicyTrainer):
         """(B, Tr) log ref(token) of the response tokens, without gradient."""
         temperature = self.config.temperature
         with torch.no_grad(), self.reference_model() as reference:
-            logits, _ = response_logits(reference, inputs, response.shape[1], temperature)
-            return token_logprobs(logits, response)
+            return response_logprobs(reference, inputs, response, temperature).logprobs
 
     # ----------------------------------------------------------------- loss
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -166,13 +163,13 @@ class GRPOTrainer(PolicyTrainer):
         samples, eos_emitted = self.sample(query, query_mask)
         generated = time.perf_counter()
         raw_scores = self.scorer(samples)  # (B,)
-        scores = process_scores(raw_scores, eos_emitted, self.score_options, RunningMoments())
+        options = self.maker.settings.scores
+        scores = process_scores(raw_scores, eos_emitted, options, RunningMoments())
         advantages = group_baseline_advantages(scores, cfg)  # (B,)
 
         response, mask = samples.response, samples.response_mask  # (B, Tr) each
         inputs = sequence_inputs(query, query_mask, response, mask, packed=self.packed)
-        logits, _ = response_logits(self.model, inputs, response.shape[1], cfg.temperature)
-        logprobs = token_logprobs(logits, response)  # (B, Tr)
+        logprobs, logits, _ = response_logprobs(self.model, inputs, response, cfg.temperature)
         token_advantages = advantages[:, None].expand_as(logprobs)  # (B, Tr)
         # One step per sample: the sampling policy is the current one, so old = current.
         loss, pg_stats = ppo_policy_loss(

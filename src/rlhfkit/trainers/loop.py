@@ -1,14 +1,18 @@
 """The training loop every rlhfkit trainer shares, on `accelerate` (not the HF `Trainer`).
 
-A trainer subclasses `Trainer` and supplies two methods:
+A step of the loop is `train_step()`. By default it is one optimiser step over
+`gradient_accumulation_steps` micro-batches of the training data, and a trainer supplies:
 
 - `compute_loss(batch) -> (loss, metrics)`: the loss of one micro-batch (a scalar tensor to
   minimise) and scalar metrics to log;
 - `evaluate() -> metrics`: held-out metrics (called in eval mode, without gradients).
 
-The base owns everything else: AdamW and its schedule (`optim.py`), gradient accumulation,
-gradient clipping, periodic evaluation, logging (`rlhfkit.tracking.Tracker`), checkpoints and
-exact resume.
+An RL trainer (PPO) overrides `train_step()` instead: its step is one iteration, "make
+experience from the next batch of prompts, then learn from it for some epochs of minibatches",
+with one optimiser step per minibatch and `Learner`. Whatever the step, the base owns the rest:
+the device and precision (`runtime.machine.Runtime`), the learners (each an AdamW and its
+schedule, `optim.py`), periodic evaluation, logging (`rlhfkit.tracking.Tracker`), checkpoints
+and exact resume.
 
 Data position: each epoch visits the training examples in a permutation drawn from
 `(seed, epoch)` alone, so a resumed run rebuilds the same order and skips the micro-batches it
@@ -17,16 +21,21 @@ has already seen. Micro-batches flow across epoch boundaries; an optimiser step 
 goes to process `i % num_processes`.
 
 Checkpoints (`checkpoint-<step>/`, written to a temporary directory and renamed when complete):
-the model via `save_pretrained` (safetensors) with its tokenizer, `optimizer.safetensors`,
-`rng_state_<rank>.safetensors` (python, numpy, torch, CUDA generators) and `trainer_state.json`
-(step, epoch, batch index, scheduler state, config). Nothing is pickled. A finished run also
+the model via `save_model` (`save_pretrained`, safetensors) with its tokenizer,
+`optimizer.safetensors` (each learner's AdamW state by name), `rng_state_<rank>.safetensors`
+(python, numpy, torch, CUDA generators and the trainer's own, `generators()`) and
+`trainer_state.json` (step, epoch, batch index, each learner's schedule, the config and the
+trainer's `extra_state()`). Nothing is pickled. Temporary directories a killed run left are
+removed when the next one starts. A finished run also
 writes `final/` (model + tokenizer + `trainer_state.json` with `"complete": true`); with
 `resume=True` a complete run is skipped. Evaluation runs with the random streams saved and
 restored around it, so `eval_every` never changes the training trajectory.
 
 Departures from the HF Trainer: each micro-batch's loss is its own mean, divided by the number
-of accumulated micro-batches (no re-weighting by token counts across micro-batches); no fp16
-loss scaling and no sharded optimisers (FSDP, DeepSpeed).
+of accumulated micro-batches (no re-weighting by token counts across micro-batches); bf16
+autocast comes from the runtime, not from accelerate's process-wide mixed-precision setting
+(so stages of different precision can run in one process); no fp16 loss scaling and no sharded
+optimisers (FSDP, DeepSpeed).
 """
 
 from __future__ import annotations
@@ -50,14 +59,14 @@ from torch import nn
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.config import TrainConfig
-from rlhfkit.models.loading import prepare_model
-from rlhfkit.runtime.allocator import retain_freed_memory
+from rlhfkit.runtime.machine import Runtime, prepare_model
 from rlhfkit.tracking import Tracker, format_metrics
-from rlhfkit.trainers.optim import build_optimizer, build_scheduler
+from rlhfkit.trainers.optim import Learner, build_optimizer
 
 logger = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.safetensors"
+CONFIG_FILE = "train_config.json"
 # What a person watches on an RL stage's progress bar (PPO, GRPO, RLOO): short name -> key.
 WATCH_RL = {"score": "train/score/mean", "kl": "train/kl/ref", "entropy": "train/policy/entropy"}
 Batch = dict[str, Any]
@@ -68,22 +77,30 @@ class TrainerState:
     """Where a run is: everything besides weights, optimiser and RNG needed to resume it."""
 
     step: int = 0
-    """Optimiser steps done."""
+    """Steps of the loop done (optimiser steps; PPO iterations)."""
     epoch: int = 0
     """Current epoch (0-based)."""
     batch_index: int = 0
     """Micro-batches of the current epoch already consumed by this process."""
     total_steps: int = 0
-    """Optimiser steps the run will make."""
+    """Steps the run will make."""
     complete: bool = False
     """True once the final model is written."""
     eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     """The most recent evaluation results."""
+    evaluated_at: int = -1
+    """The step of the most recent evaluation (a resumed run does not repeat it)."""
 
 
 def _scalar(value: Any) -> float:
     """A float from a number or a (possibly grad-carrying) 0-dim tensor."""
     return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def accumulate(totals: dict[str, float], values: dict[str, Any], weight: float = 1.0) -> None:
+    """Add ``weight * values`` to ``totals`` key by key."""
+    for key, value in values.items():
+        totals[key] = totals.get(key, 0.0) + weight * _scalar(value)
 
 
 @functools.lru_cache(maxsize=8)
@@ -95,8 +112,38 @@ def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     return order
 
 
+@dataclasses.dataclass(frozen=True)
+class Stream:
+    """Batches of example indices: each pass over the examples is the permutation drawn from
+    `(seed, pass)` alone, so a position `(epoch, index)` is all a resumed run needs. Batch `i`
+    of a pass goes to process `i % world`; every process sees the same number of batches."""
+
+    num_examples: int
+    batch_size: int
+    seed: int
+    drop_last: bool = False
+    """Skip an incomplete last batch (PPO's prompts: every rollout has the same size)."""
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches each process sees per pass."""
+        size = self.batch_size
+        batches = self.num_examples // size if self.drop_last else -(-self.num_examples // size)
+        return max(batches // self.world, 1)
+
+    def next(self, epoch: int, index: int) -> tuple[int, int, np.ndarray]:
+        """The position after the batch at `(epoch, index)`, and that batch's indices."""
+        if index >= self.batches_per_epoch:
+            epoch, index = epoch + 1, 0
+        order = epoch_order(self.num_examples, self.seed, epoch)
+        start = (index * self.world + self.rank) * self.batch_size
+        return epoch, index + 1, order[start : start + self.batch_size]
+
+
 class Trainer:
-    """Base training loop; subclasses implement `compute_loss` and `evaluate`.
+    """Base training loop; subclasses implement `compute_loss` and `evaluate` (or `train_step`).
 
     Args:
         config: loop settings (a `TrainConfig` or a stage config derived from it).
@@ -110,6 +157,8 @@ class Trainer:
     plot_keys: tuple[str, ...] = ("train/loss", "train/lr")
     # The few metrics a person watches on the progress bar: short name -> logged key.
     watch: dict[str, str] = {"loss": "train/loss", "lr": "train/lr"}
+    learner_name = "model"  # the name of `model`'s learner (its optimiser state in checkpoints)
+    drop_last = False  # see `Stream.drop_last`
 
     def __init__(
         self,
@@ -124,20 +173,31 @@ class Trainer:
         if len(train_data) == 0:
             raise ValueError("train_data is empty: nothing to train on")
         self.config = config
-        self.accelerator = accelerator or Accelerator(
-            cpu=config.cpu, mixed_precision=config.mixed_precision
-        )
+        self.runtime = Runtime.from_config(config)
+        self.accelerator = accelerator or Accelerator(cpu=self.runtime.device.type == "cpu")
         self.train_data = train_data
         self.collate_fn = collate_fn
         self.tokenizer = tokenizer
         self.output_dir = Path(config.output_dir)
-        retain_freed_memory(self.accelerator.device)  # no page faults on each step's activations
+        self.runtime.start()
         prepare_model(model, config.attention)
-        self.model, self.optimizer = self.accelerator.prepare(model, build_optimizer(model, config))
-        self.state = TrainerState(total_steps=self._count_total_steps())
-        self.scheduler = build_scheduler(self.optimizer, config, self.state.total_steps)
+        self.model, optimizer = self.accelerator.prepare(model, build_optimizer(model, config))
+        self.stream = Stream(
+            len(train_data),
+            self.loop_batch_size,
+            config.seed,
+            self.drop_last,
+            self.accelerator.process_index,
+            self.accelerator.num_processes,
+        )
+        self.state = TrainerState(total_steps=self.count_total_steps())
+        learner = Learner.build(
+            self.learner_name, self.model, config, self.count_optimizer_steps(), optimizer
+        )
+        self.learners = {learner.name: learner}
         self.tracker: Tracker | None = None
-        self._evaluated_at = self._saved_at = -1  # steps of the latest evaluation / checkpoint
+        self._prepared = False  # resume / clean-up happen on the first train() call only
+        self._saved_at = -1  # the step of the latest checkpoint
 
     # ----------------------------------------------------------------- to implement
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -148,32 +208,45 @@ class Trainer:
         """Held-out metrics; the loop calls this in eval mode under `torch.no_grad()`."""
         return {}
 
+    def extra_state(self) -> dict[str, Any]:
+        """JSON-able state of the trainer's own, saved in `trainer_state.json`."""
+        return {}
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        """Restore what `extra_state` saved (`saved` is the whole `trainer_state.json`)."""
+
+    def generators(self) -> dict[str, torch.Generator]:
+        """The trainer's own random generators, saved with the global random streams."""
+        return {}
+
     # ----------------------------------------------------------------- data position
+    @property
+    def loop_batch_size(self) -> int:
+        """Examples a step of the loop draws from `train_data` at a time (per process)."""
+        return self.config.batch_size
+
     @property
     def batches_per_epoch(self) -> int:
         """Micro-batches each process sees per epoch (the last one may be smaller)."""
-        world = self.accelerator.num_processes
-        num_batches = -(-len(self.train_data) // self.config.batch_size)  # ceil
-        # Every process must see the same number of micro-batches, or DDP would wait forever.
-        return max(num_batches // world, 1)
+        return self.stream.batches_per_epoch
 
-    def _count_total_steps(self) -> int:
+    def count_total_steps(self) -> int:
+        """Steps of the loop the run makes."""
         if self.config.max_steps is not None:
             return self.config.max_steps
         micro_batches = self.config.num_epochs * self.batches_per_epoch
         return max(micro_batches // self.config.gradient_accumulation_steps, 1)
 
-    def _next_batch(self) -> Batch:
-        """The next micro-batch of this process, advancing (epoch, batch_index)."""
-        if self.state.batch_index >= self.batches_per_epoch:
-            self.state.epoch += 1
-            self.state.batch_index = 0
-        order = epoch_order(len(self.train_data), self.config.seed, self.state.epoch)
-        size = self.config.batch_size
-        start = (self.state.batch_index * self.accelerator.num_processes) * size
-        start += self.accelerator.process_index * size
-        self.state.batch_index += 1
-        examples = [self.train_data[int(i)] for i in order[start : start + size]]
+    def count_optimizer_steps(self) -> int:
+        """Optimiser steps of the run: the length of the learning-rate schedule."""
+        return self.state.total_steps
+
+    def next_batch(self) -> Batch:
+        """The next batch of `train_data` for this process, collated, on the device."""
+        self.state.epoch, self.state.batch_index, indices = self.stream.next(
+            self.state.epoch, self.state.batch_index
+        )
+        examples = [self.train_data[int(i)] for i in indices]
         return send_to_device(self.collate_fn(examples), self.accelerator.device)
 
     def eval_batches(
@@ -192,11 +265,13 @@ class Trainer:
     def train(self, stop_after: int | None = None) -> TrainerState:
         """Train to `total_steps` (resuming if configured), then evaluate and save `final/`.
 
-        `stop_after`: make at most this many optimiser steps in this call, then write a
-        checkpoint and return (a time-sliced job; the next `train()` resumes there).
+        `stop_after`: make at most this many steps in this call, then write a checkpoint and
+        return (a time-sliced job; the next `train()` resumes there).
         """
-        if self._prepare_run():
-            return self.state
+        if not self._prepared:
+            self._prepared = True
+            if self._prepare_run():
+                return self.state
         target = self.state.total_steps
         if stop_after is not None:
             target = min(target, self.state.step + stop_after)
@@ -222,6 +297,10 @@ class Trainer:
 
     def _prepare_run(self) -> bool:
         """Resume or clear `output_dir`; True if the run is already complete."""
+        if self.accelerator.is_main_process:
+            for stale in ckpt.stale_temporaries(self.output_dir):
+                logger.info("removing %s, left by an interrupted run", stale)
+                shutil.rmtree(stale, ignore_errors=True)
         if self.config.resume:
             if ckpt.is_complete(self.output_dir):
                 logger.info("%s holds a finished run; skipping", self.output_dir)
@@ -238,7 +317,7 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-            ckpt.write_json(self.config.to_dict(), self.output_dir / "train_config.json")
+            ckpt.write_json(self.config.to_dict(), self.output_dir / CONFIG_FILE)
         # Seeded here, not at construction: the run then depends only on its config, whatever
         # ran in this process between building the trainer and training it.
         set_seed(self.config.seed)
@@ -251,10 +330,9 @@ class Trainer:
         count = 0
         while self.state.step < target:
             started = time.perf_counter()
-            metrics = self._optimizer_step()
+            metrics = self.train_step()
             metrics["step_seconds"] = time.perf_counter() - started
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, 0.0) + value
+            accumulate(sums, metrics)
             count += 1
             self.state.step += 1
             self.tracker.advance()
@@ -266,37 +344,38 @@ class Trainer:
             if cfg.save_every and self.state.step % cfg.save_every == 0:
                 self.save_checkpoint()
 
-    def _optimizer_step(self) -> dict[str, float]:
-        """Accumulate gradients over the micro-batches of one step, clip, step. Returns the
-        micro-batch-averaged metrics plus `grad_norm` and `lr`."""
+    def train_step(self) -> dict[str, float]:
+        """One step of the loop. Here: accumulate gradients over the micro-batches of one
+        optimiser step, clip, step. Returns the micro-batch-averaged metrics plus `grad_norm`
+        and `lr`."""
         accumulation = self.config.gradient_accumulation_steps
         totals: dict[str, float] = {}
         for index in range(accumulation):
-            batch = self._next_batch()
+            batch = self.next_batch()
             # No gradient all-reduce until the last micro-batch. The division is done here, not
             # by Accelerator(gradient_accumulation_steps=...): that setting is process-global
             # state shared by every Accelerator, so two trainers would overwrite each other's.
             last = index == accumulation - 1
             sync = nullcontext() if last else self.accelerator.no_sync(self.model)
-            with sync, self.accelerator.autocast():
+            with sync, self.runtime.autocast():
                 loss, metrics = self.compute_loss(batch)
                 self.accelerator.backward(loss / accumulation)
-            for key, value in {"loss": loss, **metrics}.items():
-                totals[key] = totals.get(key, 0.0) + _scalar(value) / accumulation
-        params = [p for p in self.model.parameters() if p.requires_grad]
+            accumulate(totals, {"loss": loss, **metrics}, 1 / accumulation)
+        learner = self.learners[self.learner_name]
         max_norm = self.config.max_grad_norm or float("inf")  # inf: measure without clipping
-        grad_norm = self.accelerator.clip_grad_norm_(params, max_norm)
-        totals["lr"] = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = self.accelerator.clip_grad_norm_(learner.params, max_norm)
+        totals["lr"] = learner.scheduler.get_last_lr()[0]
+        learner.optimizer.step()
+        learner.scheduler.step()
+        learner.optimizer.zero_grad(set_to_none=True)
         totals["grad_norm"] = float(grad_norm)
         return totals
 
     def _log_train(self, sums: dict[str, float], count: int) -> None:
         """Log the mean of each metric over the last `count` steps (averaged over processes)."""
         keys = sorted(sums)
-        means = torch.tensor([sums[k] / count for k in keys], device=self.accelerator.device)
+        means = [sums[k] / count for k in keys]
+        means = torch.tensor(means, dtype=torch.float64, device=self.accelerator.device)
         means = self.accelerator.reduce(means, reduction="mean")
         metrics = {f"train/{k}": v for k, v in zip(keys, means.tolist(), strict=True)}
         metrics["train/epoch"] = self.state.epoch + self.state.batch_index / self.batches_per_epoch
@@ -305,10 +384,10 @@ class Trainer:
     def run_evaluation(self) -> dict[str, float]:
         """`evaluate()` in eval mode, without gradients or RNG side effects; logs `eval/*`."""
         self.model.eval()
-        with ckpt.preserved_rng(), torch.no_grad(), self.accelerator.autocast():
+        with ckpt.preserved_rng(), torch.no_grad(), self.runtime.autocast():
             metrics = {k: float(v) for k, v in self.evaluate().items()}
         self.model.train()
-        self._evaluated_at = self.state.step
+        self.state.evaluated_at = self.state.step
         if metrics:
             self.state.eval_metrics = metrics
             if self.tracker is not None:
@@ -318,7 +397,7 @@ class Trainer:
 
     def _finish(self) -> None:
         """Final evaluation, last checkpoint, `final/` with the complete marker, curves."""
-        if self._evaluated_at != self.state.step:
+        if self.state.evaluated_at != self.state.step:
             self.run_evaluation()
         if self._saved_at != self.state.step:
             self.save_checkpoint()
@@ -347,18 +426,31 @@ class Trainer:
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(path)
 
+    def save_checkpoint_model(self, path: Path) -> None:
+        """The model's part of a checkpoint (`load_model_weights` reads it back): by default
+        what `save_model` writes, so that a checkpoint loads like a final model."""
+        self.save_model(path)
+
     def load_model_weights(self, path: Path) -> None:
-        """Load the weights `save_model` wrote into the model being trained (for resume)."""
+        """Load the weights a checkpoint holds into the model being trained (for resume)."""
         model = self.unwrapped_model
         saved = type(model).from_pretrained(path)
         model.load_state_dict(saved.state_dict())
 
     def _state_json(self) -> dict[str, Any]:
+        schedules = {
+            name: learner.scheduler.state_dict() for name, learner in self.learners.items()
+        }
         return {
             **dataclasses.asdict(self.state),
-            "scheduler": self.scheduler.state_dict(),
+            "scheduler": schedules,
             "config": self.config.to_dict(),
+            **self.extra_state(),
         }
+
+    def _rng_state(self) -> dict[str, torch.Tensor]:
+        generators = {f"generator/{k}": g.get_state() for k, g in self.generators().items()}
+        return {**ckpt.rng_state(), **generators}
 
     def save_checkpoint(self) -> Path:
         """Write `checkpoint-<step>` atomically, then delete all but the newest `keep_last`."""
@@ -366,19 +458,19 @@ class Trainer:
         acc = self.accelerator
         # Each process writes its own RNG state into one shared temporary directory; the main
         # process renames it into place once everyone is done.
-        tmp = self.output_dir / f".tmp-{path.name}"
+        tmp = self.output_dir / f"{ckpt.TEMPORARY_PREFIX}{path.name}"
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            self.save_model(tmp)
-            ckpt.save_state(self.optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+            self.save_checkpoint_model(tmp)
+            optimizers = {name: ln.optimizer.state_dict() for name, ln in self.learners.items()}
+            ckpt.save_state(optimizers, tmp / OPTIMIZER_FILE)
         acc.wait_for_everyone()
-        ckpt.save_state(ckpt.rng_state(), tmp / f"rng_state_{acc.process_index}.safetensors")
+        ckpt.save_state(self._rng_state(), tmp / f"rng_state_{acc.process_index}.safetensors")
         acc.wait_for_everyone()
         if acc.is_main_process:
             ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
-            shutil.rmtree(path, ignore_errors=True)
-            tmp.rename(path)
+            ckpt.replace_dir(tmp, path)
             for old in ckpt.rotate_checkpoints(self.output_dir, self.config.keep_last):
                 logger.info("deleted old checkpoint %s", old)
         acc.wait_for_everyone()
@@ -392,18 +484,34 @@ class Trainer:
         self.state = dataclasses.replace(self.state, **{k: saved[k] for k in fields & set(saved)})
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore model, optimiser, scheduler, RNG streams and data position from `path`."""
+        """Restore model, optimisers, schedules, RNG streams and data position from `path`."""
         saved = ckpt.read_json(path / ckpt.STATE_FILE)
         if saved["total_steps"] != self.state.total_steps:
             message = "%s planned %d steps; continuing to this run's %d"
             logger.warning(message, path, saved["total_steps"], self.state.total_steps)
+        optimizers = ckpt.load_state(path / OPTIMIZER_FILE)
+        missing = [name for name in self.learners if name not in optimizers]
+        if missing:
+            raise ValueError(
+                f"{path / OPTIMIZER_FILE} holds no optimiser state for {', '.join(missing)}: it "
+                "was written by another version of rlhfkit. Resume from a checkpoint of this "
+                "version, or start again with resume: false"
+            )
         self.load_model_weights(path)
-        self.optimizer.load_state_dict(ckpt.load_state(path / OPTIMIZER_FILE))
-        self.scheduler.load_state_dict(saved["scheduler"])
+        for name, learner in self.learners.items():
+            learner.optimizer.load_state_dict(optimizers[name])
+            learner.scheduler.load_state_dict(saved["scheduler"][name])
         self._restore_state(saved)
-        rng_file = path / f"rng_state_{self.accelerator.process_index}.safetensors"
-        if rng_file.is_file():
-            ckpt.set_rng_state(ckpt.load_state(rng_file))
-        else:
-            logger.warning("%s missing: random streams are not restored exactly", rng_file)
+        self.load_extra_state(saved)
+        self._load_rng(path / f"rng_state_{self.accelerator.process_index}.safetensors")
+        self._saved_at = self.state.step
         logger.info("resumed from %s at step %d", path, self.state.step)
+
+    def _load_rng(self, rng_file: Path) -> None:
+        if not rng_file.is_file():
+            logger.warning("%s missing: random streams are not restored exactly", rng_file)
+            return
+        rng = ckpt.load_state(rng_file)
+        for name, generator in self.generators().items():
+            generator.set_state(rng.pop(f"generator/{name}"))
+        ckpt.set_rng_state(rng)

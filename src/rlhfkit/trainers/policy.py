@@ -20,8 +20,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from rlhfkit.config import TrainConfig
-from rlhfkit.models.loading import disable_dropout, freeze, prepare_model
+from rlhfkit.models.loading import disable_dropout, freeze
 from rlhfkit.models.lora import add_lora, merge_lora, reference_mode
+from rlhfkit.runtime.machine import prepare_model
 from rlhfkit.trainers.loop import Batch, Trainer
 
 
@@ -74,13 +75,23 @@ class PolicyTrainer(Trainer):
 
     # ----------------------------------------------------------------- LoRA checkpoints
     def save_model(self, path: Path) -> None:
-        """With LoRA, checkpoints hold only the adapter; ``final/`` holds the merged model, so
-        anything that loads a causal LM can open it."""
-        if not (self.config.lora and self.state.complete):
+        """With LoRA, ``final/`` holds the merged model, so anything that loads a causal LM
+        can open it."""
+        if not self.config.lora:
             super().save_model(path)
             return
         # Merge a copy: the trained adapter stays as it is in the live model.
         merge_lora(copy.deepcopy(self.unwrapped_model)).save_pretrained(path)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(path)
+
+    def save_checkpoint_model(self, path: Path) -> None:
+        """With LoRA, checkpoints hold only the adapter (what peft's ``save_pretrained``
+        writes)."""
+        if not self.config.lora:
+            super().save_checkpoint_model(path)
+            return
+        self.unwrapped_model.save_pretrained(path)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(path)
 

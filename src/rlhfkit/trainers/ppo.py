@@ -1,8 +1,8 @@
 """PPO against a reward model: InstructGPT's step 3 (Ouyang et al. 2022, section 3.5).
 
-Each iteration reads: generate -> score -> shape rewards -> GAE -> update (``rollout.py``
-makes the experience, ``rewards.py`` the scores and per-token rewards, ``ops/`` every
-formula). The update makes ``ppo_epochs`` passes over the rollout in shuffled minibatches,
+A PPO iteration is one step of the shared loop (``loop.py``) and reads top to bottom in
+``step``: generate -> score -> shape rewards -> GAE (``ExperienceMaker.make`` in
+``experience/rollout.py``), then update (``ops/`` holds every formula). The update makes ``ppo_epochs`` passes over the rollout in shuffled minibatches,
 with the clipped policy loss, the clipped value loss, an optional entropy bonus and an
 optional PPO-ptx language-model term, as in lm-human-preferences and TRL's ``PPOTrainer``.
 
@@ -16,9 +16,10 @@ clipped per model (the value loss's larger gradients would otherwise shrink the 
 step); minibatch order comes from a seeded generator saved in checkpoints, so a resumed run
 is exact; padding columns a minibatch does not use are trimmed before its forward pass.
 
-Speed (docs/ppo.md): passes on real tokens only (``packing.py``), LM head on response positions,
-optional bf16 autocast (fp32 weights, optimiser, loss math), the fused GELU, and on a CPU
-independent model work side by side on half the cores each (``ppo_update.py``, ``rollout.py``).
+Speed (docs/ppo.md): passes on real tokens only (``runtime/packing.py``), LM head on response
+positions, optional bf16 autocast (fp32 weights, optimiser, loss math), the fused GELU, and on
+a CPU independent model work side by side on half the cores each (``ppo_update.py``,
+``rollout.py``); the runtime (``runtime/machine.py``) decides which, once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate.utils import set_seed
@@ -34,7 +36,6 @@ from torch import nn
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import (
-    IGNORE_INDEX,
     PromptCollator,
     SFTCollator,
     encode_demonstrations,
@@ -43,43 +44,37 @@ from rlhfkit.data import (
 )
 from rlhfkit.experience.rewards import AdaptiveKLController, FixedKLController, RunningMoments
 from rlhfkit.experience.rollout import (
+    ExperienceMaker,
     Rollout,
     RolloutModels,
     load_rollout_models,
-    make_rollout,
     rollout_stats,
 )
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import Scorer, as_scorer
-from rlhfkit.models.loading import disable_dropout, freeze, load_tokenizer, prepare_model
+from rlhfkit.models.loading import disable_dropout, freeze, load_tokenizer
 from rlhfkit.models.passes import (
     ValueHeadLM,
     causal_lm,
     critic_values,
-    response_logits,
+    labelled_logprobs,
+    response_logprobs,
     sequence_inputs,
 )
-from rlhfkit.ops.logprobs import entropy_from_logits, shifted_logprobs, token_logprobs
+from rlhfkit.ops.logprobs import entropy_from_logits
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
-from rlhfkit.ops.masks import masked_mean, position_ids_from_mask
-from rlhfkit.runtime.allocator import retain_freed_memory
-from rlhfkit.tracking import Tracker, format_metrics
-from rlhfkit.trainers.loop import WATCH_RL, epoch_order
-from rlhfkit.trainers.ppo_checkpoint import PPOCheckpoints, PPOState
+from rlhfkit.ops.masks import masked_mean
+from rlhfkit.trainers.loop import WATCH_RL, Stream, Trainer, accumulate
+from rlhfkit.trainers.optim import Learner
 from rlhfkit.trainers.ppo_config import PPOConfig
-from rlhfkit.trainers.ppo_update import (
-    Learner,
-    accumulate,
-    shuffled_minibatches,
-    update_learners,
-)
+from rlhfkit.trainers.ppo_update import MinibatchLearner, shuffled_minibatches, update_learners
 
 logger = logging.getLogger(__name__)
 
-EVAL_KEYS = ("score", "kl", "length")  # PPOTrainer.evaluate's, logged under eval/
+WEIGHTS_FILE = "trainable.safetensors"  # a checkpoint's trained weights (policy and critic)
 
 
-class PPOTrainer(PPOCheckpoints):
+class PPOTrainer(Trainer):
     """PPO on ``prompts`` (token id lists) against ``scorer`` (a ``Scorer``, a reward model, or
     a Python function ``f(prompts, responses) -> list[float]``).
 
@@ -87,6 +82,14 @@ class PPOTrainer(PPOCheckpoints):
     ``critic=None`` needs a ``ValueHeadLM`` policy. ``ptx_examples`` are ``SFTExample``s;
     ``eval_prompts`` (token id lists) are scored every ``eval_every`` iterations and at the end.
     """
+
+    learner_name = "policy"
+    drop_last = True  # every rollout has rollout_batch_size prompts
+    watch = WATCH_RL
+    plot_keys = tuple(
+        f"train/{key}"
+        for key in ("score/mean", "kl/ref", "policy/entropy", "value/explained_variance")
+    )
 
     def __init__(
         self,
@@ -101,83 +104,96 @@ class PPOTrainer(PPOCheckpoints):
         ptx_examples: list | None = None,
         eval_prompts: list[list[int]] | None = None,
     ) -> None:
-        if critic is None and not isinstance(policy, ValueHeadLM):
-            raise ValueError("critic=None needs a ValueHeadLM policy (critic='value_head')")
-        if len(prompts) < config.rollout_batch_size:
-            raise ValueError(
-                f"{len(prompts)} prompts < rollout_batch_size={config.rollout_batch_size}"
-            )
-        if config.ptx_coef > 0 and not ptx_examples:
-            raise ValueError("ptx_coef > 0 needs ptx_examples")
-        self.config, self.tokenizer, self.prompts = config, tokenizer, prompts
+        _check_inputs(config, policy, prompts, critic, ptx_examples)
+        collate = PromptCollator(tokenizer.pad_token_id)
+        super().__init__(config, policy, prompts, collate, tokenizer=tokenizer)
+        self.policy, self.critic = self.model, critic
         self.ptx_examples = ptx_examples or []
         self.eval_prompts = eval_prompts or []
-        # Not an accelerate.Accelerator: its state is a process-wide singleton whose precision
-        # cannot change, and a pipeline runs fp32 SFT before a bf16 PPO in one process.
-        device = torch.device("cuda" if torch.cuda.is_available() and not config.cpu else "cpu")
-        self.device = device
-        retain_freed_memory(device)  # no page faults on each step's activations
-        for model in (policy, reference, critic):
-            if model is not None:
-                model.to(device)
-                prepare_model(model, config.attention, packed=config.padding_free)
-                if config.disable_dropout:
-                    disable_dropout(model)
-        if reference is not None:
-            freeze(reference)
-        self.policy, self.critic = policy, critic
-        self.scorer = as_scorer(scorer).to(device)
-        for model in self.scorer.models():  # a reward model: the same GELU and attention
-            prepare_model(model, config.attention, packed=config.padding_free)
-        self.models = RolloutModels(policy, reference, critic)
-        self.packed = self.models.packed  # the update's passes as the rollout's
+        scorer = as_scorer(scorer).to(self.runtime.device)
+        self._prepare_models(reference, scorer)
         self.trainable = nn.ModuleDict({"policy": policy, **({"critic": critic} if critic else {})})
-        steps = config.total_optimizer_steps(len(prompts))
+        if critic is not None:
+            steps = self.count_optimizer_steps()
+            self.learners["critic"] = Learner.build("critic", critic, config, steps)
+        models = RolloutModels(self.policy, reference, critic)
+        self.maker = ExperienceMaker(
+            models, scorer, tokenizer, config.rollout_settings, self.runtime
+        )
         losses = {"policy": self._policy_loss, "critic": self._critic_loss}
-        self.learners = [
-            Learner.build(name, module, losses[name], config, steps, self.autocast)
-            for name, module in self.trainable.items()
+        self.update_schedule = [
+            MinibatchLearner(
+                learner, losses[name], config.gradient_accumulation_steps, self.autocast
+            )
+            for name, learner in self.learners.items()
         ]
-        # Policy and critic side by side on the CPU's cores (``parallel.py``); on a GPU
-        # their kernels queue on one device anyway.
-        parallel = config.parallel_critic
-        self.parallel = device.type == "cpu" if parallel is None else parallel
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
             if config.adaptive_kl
             else FixedKLController(config.kl_coef)
         )
         self.moments = RunningMoments()
-        self.sample_generator = torch.Generator(device).manual_seed(config.seed)
+        self.sample_generator = torch.Generator(self.runtime.device).manual_seed(config.seed)
         self.shuffle_generator = torch.Generator().manual_seed(config.seed + 1)
-        self.settings = config.rollout_settings
-        self.state = PPOState(total_iterations=config.total_iterations(len(prompts)))
-        self.output_dir = Path(config.output_dir)
-        self._prepared = False  # resume / clean-up happen on the first train() call only
+        self.ptx_stream = Stream(len(self.ptx_examples), config.batch_size, config.seed, True)
+        self.ptx_position = (0, 0)  # (pass, batch) of the ptx stream
+
+    def _prepare_models(self, reference: nn.Module | None, scorer: Scorer) -> None:
+        """Every model on the runtime's device with its kernels; dropout off where asked; the
+        reference frozen; a reward model with the same GELU and attention."""
+        for model in (self.policy, reference, self.critic):
+            if model is not None:
+                self.runtime.prepare(model, packed=self.config.padding_free)
+                if self.config.disable_dropout:
+                    disable_dropout(model)
+        if reference is not None:
+            freeze(reference)
+        for model in scorer.models():
+            self.runtime.prepare(model, packed=self.config.padding_free)
+
+    # ----------------------------------------------------------------- the loop's hooks
+    @property
+    def loop_batch_size(self) -> int:
+        return self.config.rollout_batch_size
+
+    def count_total_steps(self) -> int:
+        return self.config.total_iterations(len(self.train_data))
+
+    def count_optimizer_steps(self) -> int:
+        return self.config.total_optimizer_steps(len(self.train_data))
 
     def autocast(self) -> torch.autocast:
-        """bf16 autocast when ``mixed_precision="bf16"`` (weights and loss math stay fp32)."""
-        bf16 = self.config.mixed_precision == "bf16"
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
+        return self.runtime.autocast()
+
+    @property
+    def scorer(self) -> Scorer:
+        return self.maker.scorer
+
+    @property
+    def models(self) -> RolloutModels:
+        return self.maker.models
 
     # ----------------------------------------------------------------- one iteration
+    def train_step(self) -> dict[str, float]:
+        metrics, rollout = self.step()
+        iteration = self.state.step + 1
+        if self.tracker is not None and (
+            iteration == 1 or iteration % self.config.sample_every == 0
+        ):
+            self.tracker.log_samples(self._samples(rollout), iteration)
+        return metrics
+
     def step(self) -> tuple[dict[str, float], Rollout]:
-        """One PPO iteration: make a rollout, then update on it. Returns metrics and rollout."""
+        """One PPO iteration: make a rollout from the next prompts (generate -> score -> shape
+        rewards -> advantages), then update on it. Returns metrics and rollout."""
         started = time.perf_counter()
-        collate = PromptCollator(self.tokenizer.pad_token_id)
-        batch = self._next("prompt", self.prompts, collate, self.config.rollout_batch_size)
-        rollout = make_rollout(
-            self.models,
-            self.scorer,
+        batch = self.next_batch()
+        rollout = self.maker.make(
             batch["query"],
             batch["query_mask"],
-            self.tokenizer,
-            self.settings,
-            self.kl_controller.value,
-            self.moments,
-            self.sample_generator,
-            self.autocast,
-            self.parallel,
+            kl_coef=self.kl_controller.value,
+            moments=self.moments,
+            generator=self.sample_generator,
         )
         update_started = time.perf_counter()
         metrics = {**rollout_stats(rollout), **self.update(rollout)}
@@ -196,15 +212,16 @@ class PPOTrainer(PPOCheckpoints):
         minibatches = shuffled_minibatches(
             rollout, cfg.ppo_epochs, cfg.minibatch_size, cfg.batch_size, self.shuffle_generator
         )
-        return update_learners(self.learners, minibatches, self.parallel)
+        return update_learners(self.update_schedule, minibatches, self.runtime.side_by_side)
 
     def _policy_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The clipped policy loss of one micro-batch, minus the entropy bonus, plus ptx (and
         plus the value loss when the critic is a value head on the policy's trunk)."""
         cfg = self.config
-        inputs = sequence_inputs(*mb.sequences, packed=self.packed)
-        logits, values = response_logits(self.policy, inputs, mb.response.shape[1], cfg.temperature)
-        mb_logprobs = token_logprobs(logits, mb.response)  # (b, Tr)
+        inputs = sequence_inputs(*mb.sequences, packed=self.models.packed)
+        mb_logprobs, logits, values = response_logprobs(
+            self.policy, inputs, mb.response, cfg.temperature
+        )  # (b, Tr), (b, Tr, V), (b, Tr) or None
         mask = mb.response_mask
         loss, pg_stats = ppo_policy_loss(
             mb_logprobs, mb.logprobs, mb.advantages, mask, cfg.clip_range
@@ -232,7 +249,7 @@ class PPOTrainer(PPOCheckpoints):
 
     def _critic_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
         """The separate critic's share of the loss on one micro-batch."""
-        inputs = sequence_inputs(*mb.sequences, packed=self.packed)
+        inputs = sequence_inputs(*mb.sequences, packed=self.models.packed)
         return self._value_loss(critic_values(self.critic, inputs, mb.response.shape[1]), mb)
 
     def _value_loss(
@@ -247,111 +264,81 @@ class PPOTrainer(PPOCheckpoints):
         return cfg.vf_coef * loss, stats
 
     def _ptx_loss(self) -> torch.Tensor:
-        """InstructGPT's PPO-ptx term: the LM loss (response tokens) on one demonstration batch."""
+        """InstructGPT's PPO-ptx term: the LM loss (response tokens) on one demonstration batch,
+        the next of the ptx stream (a pass is a permutation of (seed, pass); an incomplete last
+        batch is skipped)."""
+        epoch, index, indices = self.ptx_stream.next(*self.ptx_position)
+        self.ptx_position = (epoch, index)
         collate = SFTCollator(self.tokenizer.pad_token_id)
-        batch = self._next("ptx", self.ptx_examples, collate, self.config.batch_size)
-        mask = batch["attention_mask"]
-        logits = causal_lm(self.policy)(
-            input_ids=batch["input_ids"],
-            attention_mask=mask,
-            position_ids=position_ids_from_mask(mask),
-            use_cache=False,
-        ).logits  # (b, T, V)
-        logprobs = shifted_logprobs(logits, batch["input_ids"])  # (b, T - 1)
-        return -masked_mean(logprobs, batch["labels"][:, 1:] != IGNORE_INDEX)
+        batch = collate([self.ptx_examples[int(i)] for i in indices])
+        batch = {k: v.to(self.runtime.device) for k, v in batch.items()}
+        logprobs, mask = labelled_logprobs(self.policy, batch)  # (b, K) each
+        return -masked_mean(logprobs, mask)
 
-    def _next(self, stream: str, examples: list, collate, size: int) -> dict[str, torch.Tensor]:
-        """The next ``size`` examples of ``stream`` ("prompt" or "ptx"), collated. Each pass
-        is a permutation drawn from (seed, pass) alone (an incomplete last batch is skipped),
-        so a resumed run continues the same order."""
-        epoch = getattr(self.state, f"{stream}_epoch")
-        index = getattr(self.state, f"{stream}_index")
-        if index >= max(len(examples) // size, 1):
-            epoch, index = epoch + 1, 0
-        order = epoch_order(len(examples), self.config.seed, epoch)
-        setattr(self.state, f"{stream}_epoch", epoch)
-        setattr(self.state, f"{stream}_index", index + 1)
-        batch = collate([examples[int(i)] for i in order[index * size : (index + 1) * size]])
-        return {k: v.to(self.device) for k, v in batch.items() if torch.is_tensor(v)}
+    def _samples(self, rollout: Rollout) -> list[dict]:
+        rows = zip(rollout.prompts, rollout.responses, rollout.raw_scores.tolist(), strict=True)
+        kept = list(rows)[: self.config.num_samples]
+        return [{"prompt": p, "response": r, "score": s} for p, r, s in kept]
 
-    # ----------------------------------------------------------------- the run
-    def train(self, stop_after: int | None = None) -> PPOState:
-        """Run to ``total_iterations`` (resuming from the newest checkpoint if configured);
-        ``stop_after`` makes at most that many iterations, then checkpoints and returns."""
-        if not self._prepared:
-            self._prepared = True
-            if self._prepare_run():
-                return self.state
-        total = self.state.total_iterations
-        target = total if stop_after is None else min(total, self.state.iteration + stop_after)
-        tracker = Tracker(
-            self.output_dir, resume_step=self.state.iteration, tensorboard=self.config.tensorboard
-        )
-        tracker.start_progress(total, self.state.iteration, "PPO", WATCH_RL)
-        sums: dict[str, float] = {}
-        try:
-            while self.state.iteration < target:
-                metrics, rollout = self.step()
-                self.state.iteration += 1
-                tracker.advance()
-                accumulate(sums, metrics)
-                it = self.state.iteration
-                if it % self.config.log_every == 0 or it == target:
-                    count = it % self.config.log_every or min(self.config.log_every, it)
-                    tracker.log({f"train/{k}": v / count for k, v in sums.items()}, it)
-                    sums = {}
-                if it == 1 or it % self.config.sample_every == 0:
-                    tracker.log_samples(self._samples(rollout), it)
-                if it == total or (self.config.eval_every and it % self.config.eval_every == 0):
-                    evaluation = self.evaluate()
-                    tracker.log({f"eval/{k}": v for k, v in evaluation.items()}, it)
-                    logger.info("eval iteration %d: %s", it, format_metrics(evaluation))
-                if self.config.save_every and it % self.config.save_every == 0:
-                    self.save_checkpoint()
-            if self.state.iteration < total:
-                self.save_checkpoint()
-            else:
-                self._finish(tracker)
-        finally:
-            tracker.close()
-        return self.state
-
+    # ----------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
         """One fixed-seed sample per held-out prompt: the mean raw score, KL to the reference
         (summed over the response, as ``kl/ref``) and length. Training's random streams, score
         statistics and KL coefficient are left as they were."""
         if not self.eval_prompts:
             return {}
-        generator = torch.Generator(self.device).manual_seed(self.config.seed + 2)
-        collate = PromptCollator(self.tokenizer.pad_token_id)
-        size, sums = self.config.eval_batch_size, {}
-        with ckpt.preserved_rng():
-            for start in range(0, len(self.eval_prompts), size):
-                batch = collate(self.eval_prompts[start : start + size])
-                query, mask = batch["query"].to(self.device), batch["query_mask"].to(self.device)
-                rollout = make_rollout(
-                    self.models,
-                    self.scorer,
-                    query,
-                    mask,
-                    self.tokenizer,
-                    self.settings,
-                    0.0,
-                    RunningMoments(),
-                    generator,
-                    self.autocast,
-                    self.parallel,
-                )
-                totals = (rollout.raw_scores, rollout.kl, rollout.response_mask)
-                accumulate(
-                    sums, {k: t.sum().item() for k, t in zip(EVAL_KEYS, totals, strict=True)}
-                )
+        generator = torch.Generator(self.runtime.device).manual_seed(self.config.seed + 2)
+        sums: dict[str, float] = {}
+        for batch in self.eval_batches(self.eval_prompts, self.collate_fn):
+            rollout = self.maker.make(
+                batch["query"], batch["query_mask"], kl_coef=0.0, generator=generator
+            )
+            totals = {
+                "score": rollout.raw_scores.sum(),
+                "kl": rollout.kl.sum(),
+                "length": rollout.response_mask.sum(),
+            }
+            accumulate(sums, totals)
         return {key: value / len(self.eval_prompts) for key, value in sums.items()}
 
-    def _samples(self, rollout: Rollout) -> list[dict]:
-        rows = zip(rollout.prompts, rollout.responses, rollout.raw_scores.tolist(), strict=True)
-        kept = list(rows)[: self.config.num_samples]
-        return [{"prompt": p, "response": r, "score": s} for p, r, s in kept]
+    # ----------------------------------------------------------------- what a checkpoint holds
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "kl_controller": self.kl_controller.state_dict(),
+            "score_moments": self.moments.state_dict(),
+            "ptx_position": list(self.ptx_position),
+        }
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        self.kl_controller.load_state_dict(saved["kl_controller"])
+        self.moments.load_state_dict(saved["score_moments"])
+        self.ptx_position = tuple(saved["ptx_position"])
+
+    def generators(self) -> dict[str, torch.Generator]:
+        return {"sample": self.sample_generator, "shuffle": self.shuffle_generator}
+
+    def save_checkpoint_model(self, path: Path) -> None:
+        """The trained weights of policy and critic, for an exact resume."""
+        weights = {k: p for k, p in self.trainable.named_parameters() if p.requires_grad}
+        ckpt.save_state(weights, path / WEIGHTS_FILE)
+
+    def load_model_weights(self, path: Path) -> None:
+        weights = ckpt.load_state(path / WEIGHTS_FILE)
+        with torch.no_grad():
+            for name, param in self.trainable.named_parameters():
+                if param.requires_grad:
+                    param.copy_(weights[name])
+
+    def save_model(self, path: Path) -> None:
+        """The policy with the tokenizer in ``path`` (with LoRA: the adapter, which
+        ``from_pretrained`` loads onto its base), the critic in ``path/critic`` (or the value
+        head in ``path/value_head.safetensors``)."""
+        causal_lm(self.policy).save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        if self.critic is not None:
+            self.critic.save_pretrained(path / "critic")
+        else:
+            ckpt.save_state(self.policy.value_head.state_dict(), path / "value_head.safetensors")
 
     # ----------------------------------------------------------------- from a config
     @classmethod
@@ -363,10 +350,7 @@ class PPOTrainer(PPOCheckpoints):
         if config.critic == "separate":
             critic = config.critic_model or config.reward_model or config.model
         models = load_rollout_models(
-            config.model,
-            tokenizer,
-            critic=critic,
-            lora=config.lora_settings,
+            config.model, tokenizer, critic=critic, lora=config.lora_settings
         )
         prompts = load_prompts(
             config.train_data, config.train_split, tokenizer, config.max_prompt_length, None
@@ -394,6 +378,15 @@ class PPOTrainer(PPOCheckpoints):
             ptx_examples=ptx,
             eval_prompts=eval_prompts,
         )
+
+
+def _check_inputs(config: PPOConfig, policy, prompts, critic, ptx_examples) -> None:
+    if critic is None and not isinstance(policy, ValueHeadLM):
+        raise ValueError("critic=None needs a ValueHeadLM policy (critic='value_head')")
+    if len(prompts) < config.rollout_batch_size:
+        raise ValueError(f"{len(prompts)} prompts < rollout_batch_size={config.rollout_batch_size}")
+    if config.ptx_coef > 0 and not ptx_examples:
+        raise ValueError("ptx_coef > 0 needs ptx_examples")
 
 
 def run_ppo(config: PPOConfig) -> Path:

@@ -55,8 +55,9 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     """Split to read from `train_data` when it is a dataset with splits."""
     max_prompt_length: int = 128
     """Prompts longer than this many tokens keep their last tokens."""
-    iterations: int | None = None
-    """PPO iterations (rollout + update); None runs `num_epochs` passes over the prompts."""
+    max_steps: int | None = None
+    """PPO iterations to run (a step of the loop is one rollout and its update); None runs
+    `num_epochs` passes over the prompts."""
     rollout_batch_size: int = 32
     """Prompts (hence responses) per iteration."""
     ppo_epochs: int = 4
@@ -133,8 +134,6 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
         )
         for name in positive:
             require(self, name, getattr(self, name) >= 1, "an integer >= 1")
-        require(self, "iterations", self.iterations is None or self.iterations >= 1, "None or >= 1")
-        require(self, "max_steps", self.max_steps is None, "None (PPO counts `iterations`)")
         require(
             self,
             "rollout_batch_size",
@@ -197,8 +196,8 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
 
     def total_iterations(self, num_prompts: int) -> int:
         """PPO iterations of the run for a prompt set of `num_prompts`."""
-        if self.iterations is not None:
-            return self.iterations
+        if self.max_steps is not None:
+            return self.max_steps
         return max(self.num_epochs * num_prompts // self.rollout_batch_size, 1)
 
     def total_optimizer_steps(self, num_prompts: int) -> int:

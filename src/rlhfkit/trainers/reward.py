@@ -161,7 +161,7 @@ class RewardTrainer(Trainer):
         model = self.unwrapped_model
         model.eval()
         scores = []
-        with torch.no_grad(), self.accelerator.autocast():
+        with torch.no_grad(), self.runtime.autocast():
             collate = SFTCollator(pad_id=self.tokenizer.pad_token_id)
             for batch in self.eval_batches(self.normalize_examples, collate):
                 scores.append(model(batch["input_ids"], batch["attention_mask"]).float())

@@ -25,30 +25,17 @@ from accelerate.utils import set_seed
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import SFTConfig
 from rlhfkit.data import (
-    IGNORE_INDEX,
     SFTCollator,
     SFTExample,
     encode_demonstrations,
     load_records,
 )
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-from rlhfkit.ops.logprobs import shifted_logprobs
+from rlhfkit.models.passes import labelled_logprobs
 from rlhfkit.ops.masks import masked_mean, masked_sum
 from rlhfkit.trainers.loop import Batch, Trainer
 
 logger = logging.getLogger(__name__)
-
-
-def response_logprobs(model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of the next token at every position, and the mask of response tokens.
-
-    Returns `logprobs` (B, T-1) (token t + 1 given tokens up to t) and `mask` (B, T-1), true
-    where token t + 1 is a response token.
-    """
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    logprobs = shifted_logprobs(logits, batch["input_ids"])  # (B, T-1)
-    mask = batch["labels"][:, 1:] != IGNORE_INDEX  # (B, T-1)
-    return logprobs, mask
 
 
 class SFTTrainer(Trainer):
@@ -70,7 +57,7 @@ class SFTTrainer(Trainer):
         self.eval_examples = eval_examples
 
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
-        logprobs, mask = response_logprobs(self.model, batch)
+        logprobs, mask = labelled_logprobs(self.model, batch, trim=False)
         loss = -masked_mean(logprobs, mask)  # mean NLL over the micro-batch's response tokens
         return loss, {"response_tokens": mask.sum()}
 
@@ -79,7 +66,7 @@ class SFTTrainer(Trainer):
             return {}
         nll, tokens = 0.0, 0
         for batch in self.eval_batches(self.eval_examples, self.collate):
-            logprobs, mask = response_logprobs(self.model, batch)
+            logprobs, mask = labelled_logprobs(self.model, batch, trim=False)
             nll -= masked_sum(logprobs, mask).item()
             tokens += int(mask.sum())
         nll_per_token = nll / max(tokens, 1)
