@@ -238,10 +238,9 @@ def test_comparison_formats(tmp_path, caplog):
         Comparison(CHAT[:1], "Hello.", "Go"),
         Comparison(CHAT[:1], "Hello.", "No"),
         Ranking("p", ["ok", "best", "bad"], [1, 0, 2]),
-        Comparison(hh, " Same.", " Same."),
-    ]
+    ]  # the last pair compares a response with itself: dropped, and counted
     assert records[4].best_first == ["best", "ok", "bad"]
-    assert "1 comparisons have chosen == rejected" in caplog.text
+    assert "dropped 1 of 6 comparisons whose responses are identical" in caplog.text
 
 
 # ---------------------------------------------------------------------------- tokenisation

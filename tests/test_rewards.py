@@ -111,7 +111,7 @@ def test_load_function():
     assert load_function("math:sqrt") is math.sqrt
     with pytest.raises(ValueError, match="module:function"):
         load_function("math.sqrt")
-    with pytest.raises(ValueError, match="no callable 'nope'"):
+    with pytest.raises(ValueError, match="module math has no attribute 'nope'"):
         load_function("math:nope")
 
 

@@ -9,7 +9,9 @@ checkpoint can be read back with nothing but `safetensors` and `json`.
 
 A checkpoint directory is written under a temporary name and renamed into place when complete
 (`atomic_dir`), so a crash never leaves a half-written `checkpoint-N` for resume to trip
-over.
+over. Its files and directories are flushed to the disk (fsync) before the rename and the
+parent directory after it, as `write_json` does for one file, so that a power loss too leaves
+the old version or the new one, never a renamed directory of empty files.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from safetensors.torch import save_file
 
 CHECKPOINT_PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
+# Names of directories being written or replaced; whatever a killed run left is removed on start.
+TEMPORARY_PREFIX = ".tmp-"
+ASIDE_PREFIX = ".old-"
 _TENSOR = "__tensor__"  # JSON placeholder {"__tensor__": name} for a tensor stored by name
 _ITEMS = "__items__"  # JSON form {"__items__": [[key, value], ...]} of a dict with non-str keys
 
@@ -117,12 +122,37 @@ def preserved_rng() -> Iterator[None]:
         set_rng_state(state)
 
 
+def fsync(path: Path) -> None:
+    """Flush a file's data, or a directory's entries, from the OS cache to the disk."""
+    if path.is_dir() and os.name == "nt":
+        return  # Windows cannot open a directory; NTFS journals its entries itself
+    # Windows flushes only a handle open for writing.
+    fd = os.open(path, os.O_RDWR if os.name == "nt" else os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """`fsync` every file under `root`, then each directory after what it holds."""
+    for folder, _, files in os.walk(root, topdown=False):
+        for name in files:
+            fsync(Path(folder, name))
+        fsync(Path(folder))
+
+
 def write_json(data: Any, path: str | Path) -> None:
-    """Write JSON via a temporary file and rename, so readers never see half a file."""
+    """Write JSON via a temporary file, flushed to the disk, and rename, so readers never see
+    half a file, even after a power loss."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    with tmp.open("w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync(path.parent)
 
 
 def read_json(path: str | Path) -> Any:
@@ -163,20 +193,39 @@ def is_complete(output_dir: str | Path) -> bool:
     return bool(read_json(state_file).get("complete"))
 
 
+def stale_temporaries(output_dir: str | Path) -> list[Path]:
+    """Directories an interrupted write left in `output_dir` (temporary or moved-aside ones)."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    prefixes = (TEMPORARY_PREFIX, ASIDE_PREFIX)
+    return sorted(p for p in output_dir.iterdir() if p.is_dir() and p.name.startswith(prefixes))
+
+
+def replace_dir(tmp: Path, path: Path) -> None:
+    """Put the complete directory `tmp` in the place of `path`: an earlier `path` is moved
+    aside, not deleted, until the new one is in place. `tmp` is on the disk before the
+    rename, the rename before the old copy goes."""
+    fsync_tree(tmp)
+    old = path.parent / f"{ASIDE_PREFIX}{path.name}"
+    shutil.rmtree(old, ignore_errors=True)
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    fsync(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 @contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Yield a temporary directory that replaces `path` only if the block finishes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    tmp = path.parent / f"{TEMPORARY_PREFIX}{path.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
-        old = path.parent / f".old-{path.name}-{os.getpid()}"
-        if path.exists():
-            os.replace(path, old)  # moved aside, not deleted, until the new one is in place
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

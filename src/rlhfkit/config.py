@@ -198,6 +198,9 @@ class DataOptions:
     """Use only the first this many evaluation records; None uses all."""
     columns: dict[str, str] | None = None
     """Map our field names to the data's column names, e.g. {"response": "completion"}."""
+    degenerate_comparisons: Literal["drop", "error"] = "drop"
+    """A comparison whose chosen equals its rejected (or a ranking with two identical
+    responses) carries no preference: 'drop' skips it, counted in the log; 'error' stops."""
 
     def _check_data(self) -> None:
         require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
@@ -255,9 +258,9 @@ class SamplingOptions:
     """Nucleus filtering while sampling (1 = off; the log-probs ignore it, keep 1 for RL)."""
     padding_free: bool = True
     """Run the passes over query + response on their real tokens only, packed into one row
-    (``packing.py``): the same numbers up to float rounding, without the padding's compute
-    (~20% of the positions of PPO's minibatches on the benchmark's prompts). Models other than
-    GPT-2, Llama and Qwen2 with eager or SDPA attention stay padded."""
+    (``runtime/packing.py``): the same numbers up to float rounding, without the padding's
+    compute (how much that saves: docs/ppo.md). Models other than GPT-2, Llama and Qwen2 with
+    eager or SDPA attention stay padded."""
 
     @property
     def sampling(self) -> SamplingConfig:

@@ -11,7 +11,10 @@ curves from the JSONL with matplotlib's headless Agg backend.
 
 Only the main process should write; pass `enabled=False` on the others and every method becomes
 a no-op. On resume, pass `resume_step`: lines logged after that step by the interrupted run are
-dropped from the JSONL files and TensorBoard purges its events after it, so curves do not double.
+dropped from the JSONL files and TensorBoard purges its events after it (from `resume_step + 1`:
+the checkpoint's own step is kept, as the resumed run does not log it again), so curves
+neither double nor lose a step. Sample texts in TensorBoard's markdown are escaped
+(`text.markdown_cell`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
+
+from rlhfkit.text import markdown_cell
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +107,8 @@ class Tracker:
             # Imported here: TensorBoard's import is slow and not needed when disabled.
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_step)
+            purge_step = None if resume_step is None else resume_step + 1
+            self._writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge_step)
 
     @property
     def metrics_path(self) -> Path:
@@ -215,12 +221,11 @@ class Tracker:
 
 
 def _markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Rows as a markdown table; '|' and newlines escaped so texts stay in their cell."""
+    """Rows as a markdown table, each text inert and in its cell (`text.markdown_cell`)."""
     columns = list(dict.fromkeys(key for row in rows for key in row))
-
-    def cell(value: Any) -> str:
-        return str(value).replace("|", "\\|").replace("\n", "<br>")
-
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
+    lines += [
+        "| " + " | ".join(markdown_cell(str(row.get(c, ""))) for c in columns) + " |"
+        for row in rows
+    ]
     return "\n".join(lines)

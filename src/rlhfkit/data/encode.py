@@ -8,6 +8,8 @@ template adds for the assistant's answer. Without one, roles are rendered plainl
 Truncation (at tokenisation only; `pad` never cuts): when prompt + response exceeds
 `max_length`, the prompt keeps its end (the text next to the response) and the response its
 start, each getting at least half the budget when both are long, so neither becomes empty.
+An example longer than the context the tokenizer declares (`model_max_length`) stops the
+run with the length option to lower, before any step could index past the model's positions.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ from rlhfkit.data.records import (
     Record,
 )
 from rlhfkit.data.sources import load_records
+from rlhfkit.errors import UsageError
 
 logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100  # label ignored by the loss (torch cross_entropy's default ignore_index)
+UNSET_CONTEXT = 1_000_000  # transformers' model_max_length when a tokenizer declares none: 1e30
 
 
 @dataclass
@@ -79,6 +83,18 @@ class PreferenceExample:
 def _check_length(name: str, value: int, minimum: int) -> None:
     if not (isinstance(value, int) and value >= minimum):
         raise ValueError(f"{name}={value!r}: expected an integer >= {minimum}")
+
+
+def _check_context(name: str, value: int, longest: int, tokenizer: Any) -> None:
+    """Refuse examples longer than the context the tokenizer declares: the model has no
+    positions for their last tokens."""
+    context = getattr(tokenizer, "model_max_length", None)
+    if isinstance(context, int) and context < UNSET_CONTEXT and longest > context:
+        raise UsageError(
+            f"{name} = {value} lets examples reach {longest} tokens, more than the model's "
+            f"context of {context} (its tokenizer's model_max_length): the model has no "
+            f"positions past it. Set {name} to at most {context}"
+        )
 
 
 def _eos_id(tokenizer: Any) -> int:
@@ -181,6 +197,8 @@ def encode_prompts(
     for ids in _encode_prompt_texts(tokenizer, texts):
         report.count(len(ids), min(len(ids), max_prompt_length), prompt=True)
         prompts.append(ids[-max_prompt_length:] if keep == "end" else ids[:max_prompt_length])
+    longest = max(map(len, prompts), default=0)
+    _check_context("max_prompt_length", max_prompt_length, longest, tokenizer)
     _log("encode_prompts", report)
     return prompts, report
 
@@ -195,6 +213,8 @@ def encode_demonstrations(
     for prompt, responses in encoded:
         prompt, (response,) = _truncate(prompt, responses, max_length, report)
         examples.append(SFTExample([*prompt, *response], [IGNORE_INDEX] * len(prompt) + response))
+    longest = max((len(e.input_ids) for e in examples), default=0)
+    _check_context("max_length", max_length, longest, tokenizer)
     _log("encode_demonstrations", report)
     return examples, report
 
@@ -207,6 +227,8 @@ def encode_comparisons(
     encoded = _encode([r.prompt for r in records], [r.best_first for r in records], tokenizer)
     report = TruncationReport()
     examples = [PreferenceExample(*_truncate(p, rs, max_length, report)) for p, rs in encoded]
+    longest = max((len(e.prompt_ids) + len(r) for e in examples for r in e.response_ids), default=0)
+    _check_context("max_length", max_length, longest, tokenizer)
     _log("encode_comparisons", report)
     return examples, report
 

@@ -13,13 +13,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rlhfkit.errors import UsageError
+
 KINDS = ("prompts", "demonstrations", "comparisons")
 FIELDS = ("prompt", "response", "chosen", "rejected", "responses", "ranking", "messages")
 Message = dict[str, str]
 Prompt = str | list[Message]
 
 
-class DataError(ValueError):
+class DataError(UsageError):
     """A record that does not fit its kind; the message names file, line or row, and field."""
 
 
@@ -65,6 +67,14 @@ class Ranking:
 
 
 Record = PromptRecord | Demonstration | Comparison | Ranking
+
+
+def identical_responses(record: Record) -> bool:
+    """Whether a comparison's chosen equals its rejected, or two of a ranking's responses are
+    the same text: such a pair says nothing about which response is better."""
+    if isinstance(record, Comparison):
+        return record.chosen == record.rejected
+    return isinstance(record, Ranking) and len(set(record.responses)) < len(record.responses)
 
 
 # ---------------------------------------------------------------------------- validation

@@ -1,6 +1,10 @@
 """``rlhfkit eval``: every saved model of a run, best-of-n of the reference and the reward
 model's accuracy, on the same held-out prompts, written to one JSON file (``eval.json``) that
 the report reads. What each number means, and the papers behind it: ``measures.py``.
+
+Before any model is loaded, every model path is checked (a missing one is named by its field,
+e.g. the default ``reference``, ``runs/sft/final``, before ``rlhfkit sft`` has written it) and
+the prompts and comparisons are read, so a bad file stops the command at once.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from rlhfkit.evaluation.measures import (
     summarize,
 )
 from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorer_loading import load_reward_model
 from rlhfkit.experience.scorers import RewardModelScorer
 from rlhfkit.interact.sampling import model_device
-from rlhfkit.models.loading import RewardModel, freeze, load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import check_model_source, freeze, load_causal_lm, load_tokenizer
 from rlhfkit.tasks import DEMO_DATA_DIR, REWARD_FUNCTIONS
 
 logger = logging.getLogger(__name__)
@@ -108,6 +113,24 @@ def _load_lm(path: str, tokenizer, device: torch.device) -> nn.Module:
     return freeze(load_causal_lm(path, tokenizer=tokenizer)).to(device)
 
 
+def _check_sources(config: EvalConfig) -> None:
+    """Every model to load is there (or could be on the hub), each named by its field."""
+    check_model_source(config.reference, "EvalConfig.reference")
+    if config.reward_model is not None:
+        check_model_source(config.reward_model, "EvalConfig.reward_model")
+    for name, path in config.models.items():
+        check_model_source(path, f"EvalConfig.models[{name!r}]")
+
+
+def _load_comparisons(config: EvalConfig) -> list | None:
+    """The held-out comparisons for the reward model's accuracy, if it is measured."""
+    if config.reward_model is None or not config.comparisons:
+        return None
+    return load_records(
+        config.comparisons, "comparisons", split=config.split, limit=config.max_comparisons
+    )
+
+
 @dataclass
 class _Setup:
     """What every part of ``evaluate`` shares: prompts, sampling, scorers, the reference."""
@@ -122,14 +145,14 @@ class _Setup:
     @classmethod
     def load(cls, config: EvalConfig) -> _Setup:
         device = _device(config)
-        tokenizer = load_tokenizer(config.reference, padding_side="left")
         records = load_records(
             config.prompts, "prompts", split=config.split, limit=config.max_prompts
         )
+        tokenizer = load_tokenizer(config.reference, padding_side="left")
         prompts, _ = encode_prompts(records, tokenizer, config.max_prompt_length)
         rm = None
         if config.reward_model is not None:
-            rm = freeze(RewardModel.from_pretrained(config.reward_model)).to(device)
+            rm = load_reward_model(config.reward_model, tokenizer).to(device)
         common = {
             "reward": None if rm is None else RewardModelScorer(rm),
             "gold": gold_scorer(config.task),
@@ -163,6 +186,8 @@ def _evaluate_models(config: EvalConfig, setup: _Setup) -> dict[str, PolicySampl
 def evaluate(config: EvalConfig) -> list[dict]:
     """Evaluate every model of ``config`` (plus best-of-n of the reference) on the held-out
     prompts; write everything to ``config.output`` and return the results table."""
+    _check_sources(config)
+    comparisons = _load_comparisons(config)
     setup = _Setup.load(config)
     named = _evaluate_models(config, setup)
     baseline = named.pop(None)
@@ -187,10 +212,7 @@ def evaluate(config: EvalConfig) -> list[dict]:
         row = summarize(name, named[name], baseline.first(len(bon_prompts)))
         table.append({**row, "kl_method": "analytic", "prompts": len(bon_prompts)})
     accuracy = None
-    if setup.reward_model is not None and config.comparisons:
-        comparisons = load_records(
-            config.comparisons, "comparisons", split=config.split, limit=config.max_comparisons
-        )
+    if comparisons is not None:
         gold_fn = None if config.task is None else REWARD_FUNCTIONS[config.task]
         accuracy = reward_model_accuracy(setup.reward_model, setup.tokenizer, comparisons, gold_fn)
     result = {

@@ -6,6 +6,9 @@ model, for PPO at its evaluation points and for best-of-n at several n, the pict
 Gao et al. 2022 ("Scaling Laws for Reward Model Overoptimization", figure 1): the proxy keeps
 rising with KL while the gold score rises, then stalls or falls. Gao et al. put sqrt(KL) on the
 x-axis; we plot KL itself in nats, which reads more directly at the small KLs of the demo.
+
+Every text of the tables (sample prompts and responses, model names) is escaped for markdown
+and HTML (`text.markdown_cell`): a sample cannot break its row or put a tag in the report.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.text import markdown_cell
 from rlhfkit.tracking import Tracker, read_jsonl
 
 logger = logging.getLogger(__name__)
 
 REPORT_FILE = "report.md"
+PLOTS = "plots"  # the PNGs, next to the report
+OVEROPT_PNG = "gold_proxy_vs_kl.png"
 TABLE_COLUMNS = (
     "model",
     "gold",
@@ -58,13 +64,13 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.3f}"
-    return str(value).replace("|", "\\|").replace("\n", " ")
+    return markdown_cell(str(value))
 
 
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     """Rows as a markdown table (floats to 3 decimals, '-' for a missing value)."""
     columns = list(columns or rows[0].keys())
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = ["| " + " | ".join(map(_cell, columns)) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -180,28 +186,10 @@ def _timing_table(timings: Mapping[str, Mapping[str, Any]]) -> str:
     return format_table(rows)
 
 
-def write_report(
-    run_dir: str | Path,
-    result: Mapping[str, Any],
-    stage_dirs: Mapping[str, str | Path],
-    *,
-    ppo_points: Sequence[Mapping[str, Any]] = (),
-    timings: Mapping[str, Mapping[str, Any]] | None = None,
-    title: str = "rlhfkit pipeline",
-) -> Path:
-    """Write ``run_dir/report.md`` and its PNGs (under ``run_dir/plots``); return its path.
-
-    ``result``: what ``evaluate`` wrote; ``stage_dirs``: stage name -> run directory with a
-    ``metrics.jsonl``; ``ppo_points``: dicts with iteration, kl, gold, reward.
-    """
-    run_dir = Path(run_dir)
-    plots = run_dir / "plots"
-    cfg = result.get("config", {})
-    rows = result["rows"]
-    overopt = plot_overoptimization(
-        ppo_points, result.get("best_of_n", ()), rows, plots / "gold_proxy_vs_kl.png"
-    )
-    lines = [
+def _results_lines(result: Mapping[str, Any], title: str) -> list[str]:
+    """The heading, what was evaluated, the results table and the reward model's accuracy."""
+    cfg, rows = result.get("config", {}), result["rows"]
+    return [
         f"# {title}: report",
         "",
         f"Written {time.strftime('%Y-%m-%d %H:%M')}. Held-out prompts: "
@@ -225,9 +213,21 @@ def write_report(
         "",
         *_reward_model_lines(result.get("reward_model")),
         "",
+    ]
+
+
+def _overoptimization_lines(
+    result: Mapping[str, Any], ppo_points: Sequence[Mapping[str, Any]], run_dir: Path
+) -> list[str]:
+    """Gold and proxy against KL: the plot, PPO's evaluation points and best-of-n's curve."""
+    cfg = result.get("config", {})
+    png = plot_overoptimization(
+        ppo_points, result.get("best_of_n", ()), result["rows"], run_dir / PLOTS / OVEROPT_PNG
+    )
+    lines = [
         "## Gold and proxy against KL (over-optimisation, Gao et al. 2022)",
         "",
-        f"![gold and proxy against KL]({overopt.relative_to(run_dir)})",
+        f"![gold and proxy against KL]({png.relative_to(run_dir)})",
         "",
     ]
     if ppo_points:
@@ -241,14 +241,38 @@ def write_report(
             format_table(result["best_of_n"]),
             "",
         ]
-    lines += ["## Training curves", ""]
+    return lines
+
+
+def _curves_lines(stage_dirs: Mapping[str, str | Path], run_dir: Path) -> list[str]:
+    """Each stage's training curves, drawn from its ``metrics.jsonl``."""
+    lines = ["## Training curves", ""]
     for stage, stage_dir in stage_dirs.items():
-        png = plot_stage(stage, stage_dir, plots / f"{stage}.png")
+        png = plot_stage(stage, stage_dir, run_dir / PLOTS / f"{stage}.png")
         if png is not None:
             lines += [f"### {stage}", "", f"![{stage} curves]({png.relative_to(run_dir)})", ""]
-    lines += [
-        "TensorBoard: `tensorboard --logdir " + str(run_dir) + "`.",
-        "",
+    return lines + ["TensorBoard: `tensorboard --logdir " + str(run_dir) + "`.", ""]
+
+
+def write_report(
+    run_dir: str | Path,
+    result: Mapping[str, Any],
+    stage_dirs: Mapping[str, str | Path],
+    *,
+    ppo_points: Sequence[Mapping[str, Any]] = (),
+    timings: Mapping[str, Mapping[str, Any]] | None = None,
+    title: str = "rlhfkit pipeline",
+) -> Path:
+    """Write ``run_dir/report.md`` and its PNGs (under ``run_dir/plots``); return its path.
+
+    ``result``: what ``evaluate`` wrote; ``stage_dirs``: stage name -> run directory with a
+    ``metrics.jsonl``; ``ppo_points``: dicts with iteration, kl, gold, reward.
+    """
+    run_dir = Path(run_dir)
+    lines = [
+        *_results_lines(result, title),
+        *_overoptimization_lines(result, ppo_points, run_dir),
+        *_curves_lines(stage_dirs, run_dir),
         "## Samples side by side (gold score in bold)",
         "",
         _samples_table(result.get("samples", ())),

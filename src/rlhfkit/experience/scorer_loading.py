@@ -3,7 +3,9 @@ task, perplexity under a causal LM, or a weighted sum of several (``scorers.py``
 scorer is; this module finds and loads one).
 
 ``module:function`` imports that module and calls that function on every sampled batch: it runs
-the user's own code, by design, with the user's rights.
+the user's own code, by design, with the user's rights. A spec that does not resolve (no colon,
+a module that does not import, a name that is missing or not callable) and a reward-model
+directory without its head are ``UsageError``s that say which and what is allowed.
 """
 
 from __future__ import annotations
@@ -11,24 +13,60 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
 from rlhfkit import tasks
+from rlhfkit.errors import UsageError
 from rlhfkit.experience.perplexity import PerplexityScorer
 from rlhfkit.experience.scorers import FunctionScorer, RewardModelScorer, Scorer, WeightedScorer
-from rlhfkit.models.loading import HEAD_CONFIG, RewardModel, freeze, load_causal_lm
+from rlhfkit.models.loading import (
+    HEAD_CONFIG,
+    RewardModel,
+    check_model_source,
+    freeze,
+    load_causal_lm,
+)
 
 
 def load_function(path: str) -> Callable:
     """Import ``"package.module:function"`` (the form reward functions take in configs)."""
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"reward function {path!r}: expected 'module:function'")
-    function = getattr(importlib.import_module(module_name), attribute, None)
+        raise UsageError(
+            f"reward function {path!r}: expected 'module:function', a function of (prompts, "
+            "responses) in a module Python can import"
+        )
+    function = getattr(_import(path, module_name), attribute, None)
     if not callable(function):
-        raise ValueError(f"reward function {path!r}: {module_name} has no callable {attribute!r}")
+        what = "has no attribute" if function is None else f"has a {type(function).__name__}"
+        raise UsageError(
+            f"reward function {path!r}: module {module_name} {what} {attribute!r}; name a "
+            "function of (prompts, responses) that returns a list of floats"
+        )
     return function
+
+
+def _import(path: str, module_name: str) -> ModuleType:
+    """The module of a reward function spec; its import runs the user's code."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name == module_name or module_name.startswith(f"{error.name}."):
+            raise UsageError(
+                f"reward function {path!r}: no module named {error.name!r} on the Python path "
+                "(for a module file in the current directory, run the `rlhfkit` command with "
+                "PYTHONPATH=.)"
+            ) from error
+        raise UsageError(
+            f"reward function {path!r}: importing {module_name} failed: {error}"
+        ) from error
+    except Exception as error:  # the user's module raised while importing
+        raise UsageError(
+            f"reward function {path!r}: importing {module_name} raised "
+            f"{type(error).__name__}: {error}"
+        ) from error
 
 
 def build_scorer(
@@ -70,7 +108,7 @@ def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = N
         return FunctionScorer(builtins[spec], name=spec)
     if spec == "perplexity":
         if model is None:
-            raise ValueError("scorer 'perplexity' needs a model; use perplexity:PATH")
+            raise UsageError("reward 'perplexity' needs a model here; use perplexity:PATH")
         return PerplexityScorer(model)
     if spec.startswith("perplexity:"):
         path = spec.removeprefix("perplexity:")
@@ -79,22 +117,23 @@ def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = N
         return RewardModelScorer(load_reward_model(spec, tokenizer))
     if ":" in spec:
         return FunctionScorer(load_function(spec), name=spec)
-    raise ValueError(
+    raise UsageError(
         f"reward {spec!r}: not a known scorer nor a directory; allowed: {SCORER_SPECS}"
     )
 
 
 def load_reward_model(path: str, tokenizer=None) -> torch.nn.Module:
     """A trained, frozen reward model: without its head a directory would score at random."""
+    check_model_source(path, "reward model")
     if not (Path(path) / HEAD_CONFIG).is_file():
-        raise ValueError(
+        raise UsageError(
             f"reward {path!r}: the directory has no {HEAD_CONFIG}, so it is not a reward model "
             f"(`rlhfkit rm` writes one); for a causal LM's perplexity use perplexity:{path}"
         )
     reward_model = freeze(RewardModel.from_pretrained(path))
     rows = reward_model.backbone.get_input_embeddings().num_embeddings
     if tokenizer is not None and rows < len(tokenizer):
-        raise ValueError(
+        raise UsageError(
             f"reward model {path} has {rows} token embeddings but the policy's tokenizer has "
             f"{len(tokenizer)} tokens: the reward model must share the policy's tokenizer"
         )

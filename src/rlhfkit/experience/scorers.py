@@ -2,24 +2,29 @@
 
 A reward model (InstructGPT step 2, scored at the last real token, EOS included as it was in
 training), any Python callable ``f(prompts, responses) -> list[float]``, or a weighted sum of
-several: all give ``scores`` (B,) through one interface, ``Scorer``. A non-finite score or a
-raising callable is reported with the sample's index, prompt and response. ``scorer_loading.py``
+several: all give ``scores`` (B,) through one interface, ``Scorer``. A non-finite score, a
+value that is no number, a raising callable is a ``ScoreError`` that names the sample (index,
+prompt and response); a wrong number of scores names the counts. ``scorer_loading.py``
 turns what a user names into a scorer. How scores become PPO's per-token rewards is
 ``rewards.py``.
 """
 
 from __future__ import annotations
 
+import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.errors import RunError
 from rlhfkit.runtime.packing import PackedRows, packing_enabled
 
+SHOWN_CHARS = 80  # of a prompt or response in a message
 
-class ScoreError(ValueError):
+
+class ScoreError(RunError):
     """A scorer failed or gave an unusable score; the message names the sample."""
 
 
@@ -47,9 +52,16 @@ class ScoreInput:
         )
 
     def describe(self, index: int) -> str:
-        return (
-            f"sample {index} (prompt={self.prompts[index]!r}, response={self.responses[index]!r})"
-        )
+        prompt, response = _shown(self.prompts[index]), _shown(self.responses[index])
+        return f"sample {index} (prompt={prompt}, response={response})"
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted and escaped (repr), its middle cut if long."""
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    half = SHOWN_CHARS // 2
+    return f"{text[:half]!r}...{text[-half:]!r}"
 
 
 class Scorer(ABC):
@@ -101,12 +113,31 @@ class FunctionScorer(Scorer):
             values = self.fn(batch.prompts, batch.responses)
         except Exception as error:
             raise self._blame(batch, error) from error
-        scores = torch.as_tensor(values, dtype=torch.float32).flatten()
-        if scores.numel() != len(batch.prompts):
+        return self._check(values, batch).to(batch.response.device)
+
+    def _check(self, values: object, batch: ScoreInput) -> torch.Tensor:
+        """``values`` as (B,) floats: one number per response, in order."""
+        n = len(batch.prompts)
+        if hasattr(values, "tolist"):  # a tensor or numpy array
+            values = values.flatten().tolist()
+        if not isinstance(values, Sequence) or isinstance(values, str | bytes | Mapping):
             raise ScoreError(
-                f"{self.name} returned {scores.numel()} scores for {len(batch.prompts)} responses"
+                f"{self.name} returned {type(values).__name__}; it must return a list of "
+                f"{n} numbers, one per response"
             )
-        return scores.to(batch.response.device)
+        if len(values) != n:
+            raise ScoreError(
+                f"{self.name} returned {len(values)} scores for {n} responses; it must return "
+                "one number per response, in order"
+            )
+        for i, value in enumerate(values):
+            if not isinstance(value, numbers.Real):
+                shown = _shown(value) if isinstance(value, str) else repr(value)[:SHOWN_CHARS]
+                raise ScoreError(
+                    f"{self.name} returned {shown} ({type(value).__name__}, not a number) for "
+                    f"{batch.describe(i)}"
+                )
+        return torch.tensor([float(v) for v in values], dtype=torch.float32)
 
     def _blame(self, batch: ScoreInput, error: Exception) -> ScoreError:
         """Re-run the samples one by one to name the first that makes ``fn`` raise."""

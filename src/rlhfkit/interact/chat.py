@@ -6,7 +6,9 @@ to leave. ``--reward`` takes any ``scorer_loading.parse_scorer`` spec: ``digits`
 ``perplexity``, a reward model directory, ``module:function``. The reward of a reply is scored
 given the conversation before it, as ``env.TextEnv`` would.
 
-This module is the terminal UI, so it prints; the library underneath logs.
+This module is the terminal UI, so it prints; the library underneath logs. Whatever it prints
+from a model or a user goes through ``text.terminal_text``: a sampled ESC, CR or OSC sequence
+shows as ``\\x1b``, ``\\r``, never reaches the terminal.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import parse_scorer
 from rlhfkit.experience.scorers import Scorer
 from rlhfkit.interact.env import LMAgent, score_texts, token_budget
+from rlhfkit.text import terminal_text
 
 BANNER = "Chatting with {model}. /reset clears the history, /quit (or Ctrl-D) exits."
 USER_PROMPT = "you> "
@@ -57,12 +60,12 @@ def chat_loop(
             continue
         messages.append({"role": "user", "content": text})
         reply = agent.generate(messages)
-        write(f"bot> {reply}")
+        write(f"bot> {terminal_text(reply)}")
         if scorer is not None:
             (score,) = score_texts(
                 scorer, agent.tokenizer, [messages], [reply], max_length, agent.device
             )
-            write(f"[reward {scorer.name}: {score.item():.3f}]")
+            write(f"[reward {terminal_text(scorer.name)}: {score.item():.3f}]")
         messages.append({"role": "assistant", "content": reply})
 
 
@@ -74,7 +77,8 @@ class ChatConfig:
     """Checkpoint directory (or hub name) of a causal LM and its tokenizer."""
     reward: str | None = None
     """Scorer of each reply: digits, gold, sentiment, perplexity, perplexity:PATH, a reward
-    model directory, or module:function; None shows no reward."""
+    model directory, or module:function (imports and runs that code: name only code you
+    trust); None shows no reward."""
     temperature: float = 0.7
     """Sampling temperature (> 0)."""
     top_p: float = 0.9
@@ -107,7 +111,7 @@ def run_chat(config: ChatConfig) -> None:
     if config.reward is not None:
         scorer = parse_scorer(config.reward, tokenizer=agent.tokenizer, model=agent.model)
         scorer.to(agent.device)
-    print(BANNER.format(model=config.model), flush=True)
+    print(BANNER.format(model=terminal_text(config.model)), flush=True)
     chat_loop(agent, scorer, system=config.system)
 
 
@@ -169,7 +173,9 @@ def run_sample(config: SampleConfig) -> None:
         scores = score_texts(scorer, tok, prompts, texts, token_budget(tok), agent.device)
     for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
         shown = f"[{scores[i].item():+.3f}] " if scores is not None else ""
-        print(f"{shown}{prompt} |{text}")
+        print(
+            f"{shown}{terminal_text(prompt, one_line=True)} |{terminal_text(text, one_line=True)}"
+        )
 
 
 def _sampling_of(config: ChatConfig | SampleConfig) -> SamplingConfig:

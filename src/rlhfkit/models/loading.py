@@ -15,6 +15,11 @@ Departures:
 - Checkpoints are a plain backbone directory (``AutoModel.from_pretrained`` opens it) plus
   ``score_head.safetensors`` and ``score_head.json``, instead of TRL's
   ``AutoModelForSequenceClassification``; safetensors only, never pickle.
+- Loading asks for safetensors (``use_safetensors=True``): a directory holding only a pickle
+  checkpoint (``pytorch_model.bin``) is refused, since unpickling runs whatever code the file
+  carries, unless the user sets ``RLHFKIT_TRUST_PICKLE=1`` for a source they trust. A local
+  path that does not exist, or holds no model, is refused with its name before transformers
+  would take it for a hub name.
 - The head always runs in float32 (hidden states are cast to it), even on a bf16 backbone,
   so small score differences are not lost to rounding; TRL keeps the head in the model dtype.
 
@@ -27,6 +32,8 @@ import json
 import logging
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -34,13 +41,13 @@ from peft import PeftConfig, PeftModel
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers.activations import GELUTanh, NewGELUActivation
 from transformers.utils import cached_file
 
 from rlhfkit.checkpoint import atomic_dir
+from rlhfkit.data.sources import is_hub_name
+from rlhfkit.errors import UsageError
 from rlhfkit.ops.masks import last_token_index, position_ids_from_mask
-from rlhfkit.runtime.activations import gelu_tanh
-from rlhfkit.runtime.packing import enable_packing
+from rlhfkit.runtime.activations import fuse_gelu
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +55,77 @@ PAD_TOKEN = "<|pad|>"
 HEAD_WEIGHTS = "score_head.safetensors"
 HEAD_CONFIG = "score_head.json"
 HEAD_FORMAT = "rlhfkit.scalar_head"
+TRUST_PICKLE = "RLHFKIT_TRUST_PICKLE"  # "1": load pickle checkpoints (only from trusted sources)
+_SAFETENSORS = ("model", "adapter_model")  # model.safetensors, model-00001-of-00002.safetensors
+_PICKLES = ("pytorch_model", "adapter_model")  # pytorch_model.bin, adapter_model.bin
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+# --------------------------------------------------------------------------- where models are
+def check_model_source(name_or_path: str | os.PathLike, option: str = "model") -> None:
+    """Refuse, naming ``option``, a local path that holds no model (nothing there, an empty
+    or other directory, weights only as a pickle); a name of the hub's form passes."""
+    path = Path(name_or_path)
+    if not path.exists() and is_hub_name(str(name_or_path)):
+        return
+    names = {p.name for p in path.iterdir()} if path.is_dir() else set()
+    if not names & {"config.json", "adapter_config.json"}:
+        raise UsageError(f"{option} {str(name_or_path)!r}: {_not_a_model(path, names)}")
+    if any(n.startswith(_SAFETENSORS) and ".safetensors" in n for n in names):
+        return
+    pickles = sorted(n for n in names if n.startswith(_PICKLES))
+    if not pickles:
+        raise UsageError(f"{option} {str(path)!r}: the directory holds no model.safetensors")
+    if os.environ.get(TRUST_PICKLE) != "1":
+        raise UsageError(
+            f"{option} {str(path)!r}: its weights are a pickle ({pickles[0]}), and unpickling "
+            "runs whatever code the file carries, so rlhfkit loads safetensors only. Save the "
+            "model with save_pretrained (safetensors) where you trust it, or, if you trust its "
+            f"source, set {TRUST_PICKLE}=1"
+        )
+
+
+def _not_a_model(path: Path, names: set[str]) -> str:
+    if not path.exists():
+        return (
+            "no such directory, nor a hub model name ('name' or 'owner/name'); give the "
+            "directory a stage wrote (`rlhfkit sft` writes <output_dir>/final) or a hub name"
+        )
+    what = "a file" if not path.is_dir() else "an empty directory" if not names else "a directory"
+    return (
+        f"{what} without config.json, so not a model; a model is the directory "
+        "save_pretrained writes (config.json, model.safetensors, the tokenizer's files)"
+    )
+
+
+def _check_tokenizer_source(name_or_path: str | os.PathLike) -> None:
+    """Refuse a path without a tokenizer: what ``check_model_source`` refuses, or a model
+    directory whose tokenizer was not saved with it."""
+    path = Path(name_or_path)
+    if path.is_dir() and any((path / name).is_file() for name in _TOKENIZER_FILES):
+        return
+    if path.is_dir() and (path / "config.json").is_file():
+        raise UsageError(
+            f"model {str(path)!r}: the directory holds no tokenizer (tokenizer.json or "
+            "tokenizer_config.json); save the tokenizer next to the model (save_pretrained)"
+        )
+    check_model_source(name_or_path)
+
+
+def _use_safetensors() -> bool | None:
+    """``from_pretrained``'s ``use_safetensors``: True, unless pickles are trusted (then
+    transformers' default: safetensors where there are some)."""
+    return None if os.environ.get(TRUST_PICKLE) == "1" else True
+
+
+@contextmanager
+def _loading(name_or_path: str | os.PathLike, what: str) -> Iterator[None]:
+    """transformers' OSError (not on the hub, offline, files missing) as a ``UsageError``."""
+    try:
+        yield
+    except OSError as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise UsageError(f"{what} {str(name_or_path)!r} does not load: {message}") from error
 
 
 # --------------------------------------------------------------------------- tokenizer & LM
@@ -63,11 +141,14 @@ def load_tokenizer(
     A missing pad token (or one aliased to EOS) is replaced by a new special ``<|pad|>``;
     the caller must then resize the model's embeddings (``load_causal_lm(tokenizer=...)`` does).
     """
-    tokenizer = AutoTokenizer.from_pretrained(
-        name_or_path, revision=revision, gguf_file=gguf_file, padding_side=padding_side
-    )
+    if gguf_file is None:
+        _check_tokenizer_source(name_or_path)
+    with _loading(name_or_path, "tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(
+            name_or_path, revision=revision, gguf_file=gguf_file, padding_side=padding_side
+        )
     if tokenizer.eos_token_id is None:
-        raise ValueError(
+        raise UsageError(
             f"tokenizer {name_or_path!s} has no eos_token; responses could never end. "
             "Set eos_token in its tokenizer_config.json."
         )
@@ -106,13 +187,17 @@ def load_causal_lm(
 ) -> PreTrainedModel:
     """Load a causal LM by hub name or local path, matched to ``tokenizer`` when given, with
     the fused GELU (``fuse_gelu``)."""
-    model = AutoModelForCausalLM.from_pretrained(
-        name_or_path,
-        dtype=dtype,
-        revision=revision,
-        gguf_file=gguf_file,
-        trust_remote_code=trust_remote_code,
-    )
+    if gguf_file is None:
+        check_model_source(name_or_path)
+    with _loading(name_or_path, "model"):
+        model = AutoModelForCausalLM.from_pretrained(
+            name_or_path,
+            dtype=dtype,
+            revision=revision,
+            gguf_file=gguf_file,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=_use_safetensors(),
+        )
     if tokenizer is not None:
         _resize_for(model, tokenizer)
     return fuse_gelu(model)
@@ -131,48 +216,6 @@ def disable_dropout(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
-    return model
-
-
-class TanhGELU(nn.Module):
-    """GPT-2's tanh GELU as one call of ``ops.gelu_tanh`` (tables for 16-bit floats on CPU)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gelu_tanh(x)
-
-
-def fuse_gelu(model: nn.Module) -> nn.Module:
-    """Swap the tanh GELU of GPT-2-style models (transformers' ``NewGELUActivation`` and
-    ``GELUTanh``) for ``TanhGELU``, in place.
-
-    ``NewGELUActivation`` runs ~8 elementwise kernels forward and more backward; torch's
-    ``gelu(approximate="tanh")`` is the same function to float rounding in one kernel, about
-    5x faster on CPU, and under bf16 autocast ``ops.gelu_tanh`` reads it from a table, 2-3x
-    faster again. Every model rlhfkit loads gets it (training, evaluation, sampling, chat),
-    and every trainer gives it to the models it is handed. The weights and the saved model
-    are untouched: a checkpoint loads into stock transformers as before.
-    """
-    for module in model.modules():
-        for name, child in module.named_children():
-            if type(child) in (NewGELUActivation, GELUTanh):
-                setattr(module, name, TanhGELU())
-    return model
-
-
-def prepare_model(
-    model: nn.Module, attention: str | None = None, packed: bool = False
-) -> nn.Module:
-    """What every trainer does to each model it runs: the fused GELU (``fuse_gelu``) and,
-    when given, the attention kernel (``"eager"`` or ``"sdpa"``) of every transformer in it
-    (a policy, a reference, a scalar-head model's backbone, a peft-wrapped model); with
-    ``packed``, packed inputs where the model supports them (``packing.enable_packing``)."""
-    fuse_gelu(model)
-    if attention is not None:
-        for module in model.modules():
-            if isinstance(module, PreTrainedModel):
-                module.set_attn_implementation(attention)
-    if packed:
-        enable_packing(model)
     return model
 
 
@@ -257,8 +300,10 @@ class ScalarHeadModel(nn.Module):
         ``per_token=None`` keeps the class default, so ``ValueModel.from_pretrained(rm_dir)``
         turns a reward model checkpoint into a critic (InstructGPT's critic initialisation).
         """
+        check_model_source(path_or_name)
         head_config = _read_head_config(path_or_name, revision)
-        backbone = _load_backbone(path_or_name, head_config, dtype, revision, trust_remote_code)
+        with _loading(path_or_name, "model"):
+            backbone = _load_backbone(path_or_name, head_config, dtype, revision, trust_remote_code)
         model = cls(backbone, per_token=per_token)
         if head_config is None:
             logger.info(
@@ -325,11 +370,17 @@ def _load_backbone(path_or_name, head_config, dtype, revision, trust_remote_code
     if head_config is not None and head_config.get("lora"):
         # The directory holds only the adapter; the base weights come from where it says.
         base_path = PeftConfig.from_pretrained(path_or_name).base_model_name_or_path
-        base = fuse_gelu(AutoModel.from_pretrained(base_path, dtype=dtype))
+        check_model_source(base_path, "LoRA base model")
+        base = AutoModel.from_pretrained(base_path, dtype=dtype, use_safetensors=_use_safetensors())
+        base = fuse_gelu(base)
         return PeftModel.from_pretrained(base, path_or_name, revision=revision, is_trainable=True)
     # For a causal LM checkpoint AutoModel keeps the base transformer and drops the LM head.
     backbone = AutoModel.from_pretrained(
-        path_or_name, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
+        path_or_name,
+        dtype=dtype,
+        revision=revision,
+        trust_remote_code=trust_remote_code,
+        use_safetensors=_use_safetensors(),
     )
     return fuse_gelu(backbone)
 
