@@ -5,12 +5,19 @@
     rlhfkit sft --config configs/sft.yaml --learning_rate 3e-4 --max_steps 100
     rlhfkit rm  --config configs/rm.yaml             (alias: rlhfkit reward)
     rlhfkit --verbose sft ...                        also the libraries' own progress bars
+    rlhfkit --debug sft ...                          a failure's traceback too (or RLHFKIT_DEBUG=1)
     rlhfkit label serve --db runs/label/labels.db    a command of a group (`rlhfkit label --help`)
 
 Each command is one line in `COMMANDS`: a config dataclass and a `run(config)` function, both
 named as "module:attribute" and imported only when that command runs, so `rlhfkit --help`
 answers without loading torch. Options come from jsonargparse: a YAML file (`--config`), then
 `--field value` overrides, then the dataclass's own checks (`ConfigError` names the field).
+
+One error path: a failure is one paragraph on stderr (what, where, what is allowed, what to do)
+and an exit code, 2 for what the user gave (an option, a config value, a data file, a model
+path, a reward function spec: `config.ConfigError`, `errors.UsageError`) and 1 for a failure
+while running (`errors.RunError`, an OS error, anything unforeseen); a traceback only with
+`--debug` or RLHFKIT_DEBUG=1.
 """
 
 from __future__ import annotations
@@ -18,11 +25,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlhfkit.errors import RunError, UsageError
+from rlhfkit.text import terminal_text
+
+DEBUG_ENV = "RLHFKIT_DEBUG"
+FLAGS = ("--verbose", "--debug")  # before the command
 
 
 @dataclass(frozen=True)
@@ -174,6 +189,13 @@ def _top_parser() -> argparse.ArgumentParser:
         help="also show the progress bars of transformers, datasets and the hub (loading and "
         "saving models); before the command",
     )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help=f"on a failure, also print the traceback (as {DEBUG_ENV}=1 does); before the "
+        "command. Exit codes: 2 for a bad option, config, data file, path or reward function "
+        "spec, 1 for a failure while running",
+    )
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name, command in COMMANDS.items():
         commands.add_parser(name, help=command.help, aliases=list(command.aliases))
@@ -201,8 +223,9 @@ def run_command(name: str, args: Sequence[str]) -> Any:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `rlhfkit` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    verbose = bool(argv) and argv[0] == "--verbose"
-    argv = argv[verbose:]
+    flags = set()
+    while argv and argv[0] in FLAGS:
+        flags.add(argv.pop(0))
     found = _command_of(argv)
     if found is None:  # print the help, or the error, and exit
         if argv and argv[0] in GROUPS:
@@ -214,17 +237,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if not verbose:
-        _hide_library_progress_bars()
-    from rlhfkit.data import DataError
-
+    debug = "--debug" in flags or os.environ.get(DEBUG_ENV, "0") not in ("", "0")
     try:
+        if "--verbose" not in flags:
+            _hide_library_progress_bars()
         result, config = run_command(name, args)
-    except DataError as error:
-        print(f"rlhfkit {name}: data error: {error}", file=sys.stderr)
-        return 1
+    except KeyboardInterrupt:
+        print(f"\nrlhfkit {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # the one error path
+        return _fail(name, error, debug)
     _print_summary(name, config, result)
     return 0
+
+
+def _fail(name: str, error: Exception, debug: bool) -> int:
+    """Tell the user what failed in one paragraph on stderr; return the exit code."""
+    if debug:
+        traceback.print_exception(error)
+    # Looked up, not imported: a ConfigError exists only once rlhfkit.config imported, and
+    # importing it again here would fail again if that import was what failed.
+    config = sys.modules.get("rlhfkit.config")
+    usage = (UsageError, config.ConfigError) if config is not None else (UsageError,)
+    message = terminal_text(str(error).strip() or type(error).__name__)
+    if isinstance(error, usage):
+        print(f"rlhfkit {name}: error: {message}", file=sys.stderr)
+        return 2
+    kind = "failed" if isinstance(error, RunError | OSError) else type(error).__name__
+    hint = "" if debug else f" (`rlhfkit --debug {name} ...` or {DEBUG_ENV}=1 shows the traceback)"
+    print(f"rlhfkit {name}: {kind}: {message}{hint}", file=sys.stderr)
+    return 1
 
 
 def _hide_library_progress_bars() -> None:

@@ -1,0 +1,339 @@
+"""The labelling web app (Starlette, Jinja2 templates with autoescape): pages and a JSON API.
+
+Pages, rendered on the server: `/login`, `/` (the next task, or "nothing left"), `/progress`.
+The page's script (`static/label.js`) adds the keyboard, the ranking by clicks, and sends the
+vote to the API with the UUID it made when the page was shown, retrying on a lost connection
+with the same UUID; after a vote it loads `/` again for the next task. The API, which the
+load test also drives:
+
+    POST /api/login   {"name": ...} or {"token": ...}      -> {"labeller": ...} + session cookie
+    GET  /api/next                                         -> {"task": {...} or null, "progress"}
+    POST /api/votes   {"id": UUID, "task": id, "choice": "rank" | "tie" | "skip",
+                       "order": [display slots best first] (rank), "rating": 1-7, "flag": text}
+                                                           -> {"vote", "duplicate", "progress"}
+    GET  /api/progress                                     -> counts per labeller, agreement
+
+Model text is shown as text: Jinja2 escapes every value, `display` makes control and bidi
+characters visible (in the JSON too), the script sets only `textContent`, and the
+Content-Security-Policy allows no inline script, so even a missed escape could not run one.
+POSTs must come from the app's own origin (the Origin header, when a browser sends one) and
+API POSTs must be JSON, which a cross-site form cannot send; the session cookie is HttpOnly
+and SameSite=Strict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from jinja2 import Environment, PackageLoader
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rlhfkit.labelling.agreement import agreement
+from rlhfkit.labelling.display import prompt_turns, visible, visible_html
+from rlhfkit.labelling.store import LoginError, Shown, Store, Vote, VoteError
+
+COOKIE = "rlhfkit_session"
+COOKIE_DAYS = 30
+MAX_BODY = 64 * 1024
+
+SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        b"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),  # no-referrer would make POSTs Origin: null
+    (b"cache-control", b"no-store"),
+]
+
+
+class SecurityHeaders:
+    """ASGI middleware adding `SECURITY_HEADERS` to every HTTP response."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def task_view(shown: Shown, show: Callable[[str], str] = str) -> dict[str, Any]:
+    """A task as a page or the API shows it, responses in display order (slot 0 first) and
+    every text passed through `show`: `visible` for JSON; the templates apply `visible_html`."""
+    turns = [
+        {"role": show(t["role"]) if t["role"] is not None else None, "content": show(t["content"])}
+        for t in prompt_turns(shown.task.prompt)
+    ]
+    return {
+        "id": shown.task.id,
+        "k": shown.task.k,
+        "prompt": turns,
+        "responses": [show(text) for text in shown.responses],
+    }
+
+
+def vote_view(vote: Vote) -> dict[str, Any]:
+    return {
+        "id": vote.id,
+        "task": vote.task_id,
+        "labeller": visible(vote.labeller),
+        "choice": vote.choice,
+        "ranking": vote.ranking,
+        "rating": vote.rating,
+        "flag": visible(vote.flag) if vote.flag is not None else None,
+    }
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": visible(message)}, status_code=status)
+
+
+class LabellingApp:
+    """The routes of the app over one `Store`; `create_app` wraps it in Starlette."""
+
+    def __init__(self, store: Store, labels_per_task: int, require_token: bool):
+        self.store = store
+        self.labels_per_task = labels_per_task
+        self.require_token = require_token
+        environment = Environment(
+            loader=PackageLoader("rlhfkit.labelling", "templates"), autoescape=True
+        )
+        environment.filters["visible"] = visible_html
+        self.templates = Jinja2Templates(env=environment)
+
+    # ---------------------------------------------------------------------------- helpers
+    async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """A store method on a worker thread (SQLite blocks; the event loop must not)."""
+        return await run_in_threadpool(method, *args, **kwargs)
+
+    async def _labeller(self, request: Request) -> str | None:
+        return await self._call(self.store.labeller_of, request.cookies.get(COOKIE))
+
+    async def _progress(self, labeller: str) -> dict[str, int]:
+        return await self._call(self.store.labeller_progress, labeller, self.labels_per_task)
+
+    def _page(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
+        context.setdefault("labeller", None)
+        context["require_token"] = self.require_token
+        return self.templates.TemplateResponse(request, template, context, status_code=status)
+
+    async def _sign_in(self, name: str | None, token: str | None) -> tuple[str, str]:
+        if not token and self.require_token:
+            raise LoginError("this server asks for the token you were given")
+        return await self._call(self.store.sign_in, name=name, token=token)
+
+    @staticmethod
+    def _with_session(response: Response, secret: str) -> Response:
+        response.set_cookie(
+            COOKIE, secret, max_age=COOKIE_DAYS * 86400, httponly=True, samesite="strict"
+        )
+        return response
+
+    async def _overview(self) -> dict[str, Any]:
+        counts = await self._call(self.store.counts, self.labels_per_task)
+        votes = await self._call(self.store.votes)
+        return {
+            **counts,
+            "labels_per_task": self.labels_per_task,
+            "labellers": {visible(name): c for name, c in counts["labellers"].items()},
+            "agreement": agreement(votes).as_dict(),
+        }
+
+    # ------------------------------------------------------------------------------ pages
+    async def home(self, request: Request) -> Response:
+        labeller = await self._labeller(request)
+        if labeller is None:
+            return RedirectResponse("/login", status_code=303)
+        shown = await self._call(self.store.next_task, labeller, self.labels_per_task)
+        progress = await self._progress(labeller)
+        if shown is None:
+            return self._page(request, "done.html", labeller=labeller, progress=progress)
+        return self._page(
+            request, "label.html", labeller=labeller, progress=progress, task=task_view(shown)
+        )
+
+    async def login_page(self, request: Request) -> Response:
+        return self._page(request, "login.html")
+
+    async def login_form(self, request: Request) -> Response:
+        form = await request.form()
+        name, token = (form.get(key) for key in ("name", "token"))
+        name = name if isinstance(name, str) else None  # not a file upload
+        token = token if isinstance(token, str) else None
+        try:
+            secret, _ = await self._sign_in(name, token)
+        except LoginError as error:
+            return self._page(request, "login.html", status=401, error=str(error), name=name)
+        return self._with_session(RedirectResponse("/", status_code=303), secret)
+
+    async def logout(self, request: Request) -> Response:
+        secret = request.cookies.get(COOKIE)
+        if secret:
+            await self._call(self.store.sign_out, secret)
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE, httponly=True, samesite="strict")
+        return response
+
+    async def progress_page(self, request: Request) -> Response:
+        labeller = await self._labeller(request)
+        if labeller is None and self.require_token:
+            return RedirectResponse("/login", status_code=303)
+        progress = await self._progress(labeller) if labeller is not None else None
+        overview = await self._overview()
+        return self._page(
+            request, "progress.html", labeller=labeller, progress=progress, overview=overview
+        )
+
+    # -------------------------------------------------------------------------------- API
+    async def api_login(self, request: Request) -> Response:
+        payload = await _json_object(request)
+        if isinstance(payload, Response):
+            return payload
+        name, token = payload.get("name"), payload.get("token")
+        if not isinstance(name, str | None) or not isinstance(token, str | None):
+            return _error("name and token are strings", 422)
+        try:
+            secret, labeller = await self._sign_in(name, token)
+        except LoginError as error:
+            return _error(str(error), 401)
+        return self._with_session(JSONResponse({"labeller": visible(labeller)}), secret)
+
+    async def api_next(self, request: Request) -> Response:
+        labeller = await self._labeller(request)
+        if labeller is None:
+            return _error("not signed in", 401)
+        shown = await self._call(self.store.next_task, labeller, self.labels_per_task)
+        return JSONResponse(
+            {
+                "task": task_view(shown, visible) if shown is not None else None,
+                "progress": await self._progress(labeller),
+            }
+        )
+
+    async def api_vote(self, request: Request) -> Response:
+        labeller = await self._labeller(request)
+        if labeller is None:
+            return _error("not signed in", 401)
+        payload = await _json_object(request)
+        if isinstance(payload, Response):
+            return payload
+        task = payload.get("task")
+        if type(task) is not int:
+            return _error(f"task {task!r} is not a task id", 422)
+        try:
+            result = await self._call(
+                self.store.record_vote,
+                labeller,
+                payload.get("id"),
+                task,
+                payload.get("choice"),
+                payload.get("order"),
+                payload.get("rating"),
+                payload.get("flag"),
+            )
+        except VoteError as error:
+            return _error(str(error), error.status)
+        return JSONResponse(
+            {
+                "vote": vote_view(result.vote),
+                "duplicate": result.duplicate,
+                "progress": await self._progress(labeller),
+            },
+            status_code=200 if result.duplicate else 201,
+        )
+
+    async def api_progress(self, request: Request) -> Response:
+        if self.require_token and await self._labeller(request) is None:
+            return _error("not signed in", 401)
+        return JSONResponse(await self._overview())
+
+
+async def _json_object(request: Request) -> dict[str, Any] | Response:
+    """The request's JSON object, or the error response that says why there is none."""
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        return _error("send application/json", 415)
+    try:
+        payload = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError):
+        return _error("the body is not JSON", 400)
+    if not isinstance(payload, dict):
+        return _error("the body is not a JSON object", 422)
+    return payload
+
+
+class SameOrigin:
+    """ASGI middleware refusing a POST whose Origin header (browsers send one) is not the
+    host it was sent to: another site's page cannot vote or sign in on a labeller's behalf."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            headers = dict(scope["headers"])
+            origin = headers.get(b"origin", b"").decode("latin-1")
+            host = headers.get(b"host", b"").decode("latin-1")
+            if origin and urlsplit(origin).netloc != host:
+                await _error("cross-origin request refused", 403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(
+    db: str | Path, *, labels_per_task: int = 1, require_token: bool = False
+) -> Starlette:
+    """The labelling app over the database `db` (made by `rlhfkit label prepare`).
+
+    `labels_per_task`: votes (skips not counted) a task needs before it is no longer handed
+    out. `require_token`: sign-in only with a token the operator issued (`Store.issue_token`),
+    not with a bare name; what a server reachable beyond this machine needs.
+    """
+    if labels_per_task < 1:
+        raise ValueError(f"labels_per_task={labels_per_task}: expected an integer >= 1")
+    routes = LabellingApp(Store(db), labels_per_task, require_token)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        routes.store.close()
+
+    app = Starlette(
+        routes=[
+            Route("/", routes.home),
+            Route("/login", routes.login_page, methods=["GET"]),
+            Route("/login", routes.login_form, methods=["POST"]),
+            Route("/logout", routes.logout, methods=["POST"]),
+            Route("/progress", routes.progress_page),
+            Route("/api/login", routes.api_login, methods=["POST"]),
+            Route("/api/next", routes.api_next),
+            Route("/api/votes", routes.api_vote, methods=["POST"]),
+            Route("/api/progress", routes.api_progress),
+            Mount(
+                "/static", StaticFiles(packages=[("rlhfkit.labelling", "static")]), name="static"
+            ),
+        ],
+        max_body_size=MAX_BODY,
+        lifespan=lifespan,
+    )
+    app.state.store = routes.store
+    app.add_middleware(SameOrigin)
+    app.add_middleware(SecurityHeaders)
+    return app

@@ -1,0 +1,176 @@
+"""`rlhfkit label export`: the votes of a labelling database as training data.
+
+A vote on a K = 2 task becomes a comparison (`prompt`, `chosen`, `rejected`), a vote on a
+K > 2 task a ranking (`prompt`, `responses`, `ranking` = response indices best first), the
+two formats `rlhfkit.data.load_records(path, "comparisons")` reads, so `rlhfkit rm` and
+`rlhfkit dpo` train on the file as it is. Each record also carries where it came from:
+`task_id`, `labellers`, `vote_ids`, and the `ratings` (1-7) and `flags` of those votes.
+
+Ties and skips carry no preference: they are left out and counted. When a task has votes
+from several labellers, `aggregate` chooses between writing every vote ("all") and one
+record per task ordered by the pairwise majority of its votes ("majority", see
+`ExportConfig.aggregate`). A summary (the counts and the agreement between labellers,
+`agreement.py`) is written beside the file as `<out>.summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any, Literal
+
+from rlhfkit.config import _check_literals, require
+from rlhfkit.labelling.agreement import agreement
+from rlhfkit.labelling.store import CHOICES, Store, Task, Vote
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ExportConfig:
+    """Write the votes of a labelling database as comparisons and rankings (JSONL) for
+    `rlhfkit rm` and `rlhfkit dpo`."""
+
+    db: str = "runs/label/labels.db"
+    """The labelling database (from `rlhfkit label prepare`)."""
+    out: str = "runs/label/preferences.jsonl"
+    """Where the records are written; the counts and agreement go to `<out>.summary.json`."""
+    aggregate: Literal["all", "majority"] = "all"
+    """Several labellers' votes on one task: 'all' writes every vote as its own record (the
+    same prompt then appears once per labeller); 'majority' writes one record per task,
+    response i before response j when more than half of the task's votes (ties included,
+    skips not) rank i above j. A task where some pair of responses has no such majority (two
+    labellers who disagree, a tie vote that splits them) or where the majorities form a cycle
+    is left out and counted as `no_majority`."""
+
+    def __post_init__(self) -> None:
+        _check_literals(self)
+        require(self, "db", bool(self.db), "a database file")
+        require(self, "out", str(self.out).endswith(".jsonl"), "a .jsonl file path")
+
+
+def _record(task: Task, ranking: list[int], votes: list[Vote]) -> dict[str, Any]:
+    """One training record: a comparison for K = 2, a ranking for K > 2."""
+    if task.k == 2:
+        record = {
+            "prompt": task.prompt,
+            "chosen": task.responses[ranking[0]],
+            "rejected": task.responses[ranking[1]],
+        }
+    else:
+        record = {"prompt": task.prompt, "responses": task.responses, "ranking": ranking}
+    return {
+        **record,
+        "task_id": task.id,
+        "labellers": [v.labeller for v in votes],
+        "vote_ids": [v.id for v in votes],
+        "ratings": [v.rating for v in votes],
+        "flags": [v.flag for v in votes],
+    }
+
+
+def majority_ranking(k: int, votes: list[Vote]) -> list[int] | None:
+    """Responses ordered by the pairwise majority of `votes` (non-skip votes on one task):
+    i before j when more than half of the votes rank i above j. None when some pair has no
+    strict majority or the majorities are not an order (a cycle)."""
+    wins: Counter[tuple[int, int]] = Counter()
+    for vote in votes:
+        if vote.choice == "rank":
+            position = {r: p for p, r in enumerate(vote.ranking)}
+            for i, j in combinations(range(k), 2):
+                wins[(i, j) if position[i] < position[j] else (j, i)] += 1
+    beaten: Counter[int] = Counter()  # how many responses each one beats
+    for i, j in combinations(range(k), 2):
+        if 2 * wins[(i, j)] > len(votes):
+            beaten[i] += 1
+        elif 2 * wins[(j, i)] > len(votes):
+            beaten[j] += 1
+        else:
+            return None
+    # Every pair is decided; the result is an order exactly when the numbers of responses
+    # each one beats are K-1, ..., 1, 0 (a transitive tournament).
+    order = sorted(range(k), key=lambda r: -beaten[r])
+    if [beaten[r] for r in order] != list(range(k - 1, -1, -1)):
+        return None
+    return order
+
+
+def export_records(
+    tasks: dict[int, Task], votes: list[Vote], aggregate: str = "all"
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The training records of `votes` and the counts of what was left out and why."""
+    if aggregate not in ("all", "majority"):
+        raise ValueError(f"aggregate={aggregate!r}: expected 'all' or 'majority'")
+    by_task: dict[int, list[Vote]] = defaultdict(list)
+    for vote in votes:
+        by_task[vote.task_id].append(vote)
+    records, no_majority = [], 0
+    for task_id in sorted(by_task):
+        task, task_votes = tasks[task_id], by_task[task_id]
+        if aggregate == "all":
+            records += [_record(task, v.ranking, [v]) for v in task_votes if v.choice == "rank"]
+            continue
+        judged = [v for v in task_votes if v.choice != "skip"]
+        if not judged:
+            continue
+        ranking = majority_ranking(task.k, judged)
+        if ranking is None:
+            no_majority += 1
+        else:
+            records.append(_record(task, ranking, judged))
+    choices = Counter(v.choice for v in votes)
+    summary = {
+        "aggregate": aggregate,
+        "tasks": len(tasks),
+        "tasks_with_votes": len(by_task),
+        "votes": len(votes),
+        "votes_by_choice": {c: choices[c] for c in CHOICES},
+        "records": len(records),
+        "comparisons": sum("chosen" in r for r in records),
+        "rankings": sum("ranking" in r for r in records),
+        "left_out": {"tie": choices["tie"], "skip": choices["skip"]},
+        "agreement": agreement(votes).as_dict(),
+    }
+    if aggregate == "majority":
+        summary["left_out"]["no_majority"] = no_majority
+    return records, summary
+
+
+def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
+    """Write `records` to `path` atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+    partial.replace(path)
+
+
+def run_export(config: ExportConfig) -> Path:
+    """The `rlhfkit label export` command: records to `config.out`, a summary beside it."""
+    store = Store(config.db)
+    try:
+        records, summary = export_records(store.tasks(), store.votes(), config.aggregate)
+    finally:
+        store.close()
+    out = Path(config.out)
+    write_jsonl(records, out)
+    summary_path = out.with_suffix(".summary.json")
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    left_out = ", ".join(f"{n} {why}" for why, n in summary["left_out"].items())
+    logger.info(
+        "%d votes -> %d records (%d comparisons, %d rankings) in %s; left out: %s",
+        summary["votes"],
+        summary["records"],
+        summary["comparisons"],
+        summary["rankings"],
+        out,
+        left_out,
+    )
+    return out

@@ -1,0 +1,238 @@
+"""`rlhfkit label prepare`: fill a labelling database with tasks, K >= 2 responses per prompt.
+
+The responses come either from a file whose records hold a `prompt` and its `responses` (a
+list of K >= 2 non-empty strings; read like every rlhfkit data file, so a bad record raises
+`DataError` naming file, line and field), or from one or more models sampled here, InstructGPT
+style: K responses per prompt, response i drawn from model i mod M (the policy against the
+SFT model, say), each model loaded, sampled in batches (`interact.sampling.sample_responses`,
+seeded) and freed before the next. Sampled responses that are empty, or the same text as
+another response to that prompt, are dropped; a prompt left with fewer than two responses is
+left out and counted. Tasks already in the database are not added again, so preparing twice
+from the same file changes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.config import DEMO_DATA, ConfigError, require
+from rlhfkit.data import DataError, Prompt, PromptRecord, load_records
+
+# The row validation of rlhfkit.data, for a record kind it has no name for (a prompt with
+# unranked responses): the same checks and the same file/line/field messages as its own kinds.
+from rlhfkit.data.records import _got, _prompt, _Row, _text
+from rlhfkit.data.sources import _as_row, _source_rows
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.labelling.store import Store
+
+logger = logging.getLogger(__name__)
+
+TaskInput = tuple[Prompt, list[str]]
+
+
+@dataclass
+class PrepareConfig:
+    """Fill a labelling database with K >= 2 responses per prompt, from a file of responses
+    or sampled from one or more models."""
+
+    db: str = "runs/label/labels.db"
+    """The labelling database (SQLite) to create or add tasks to."""
+    responses: str | None = None
+    """Records with `prompt` and `responses` (K >= 2 strings): .jsonl/.json/.parquet file,
+    folder or dataset; instead of `models`."""
+    models: list[str] = dataclasses.field(default_factory=list)
+    """Causal LMs (directories or hub names) to sample the responses from: response i of a
+    prompt comes from model i mod M; instead of `responses`."""
+    prompts: str = f"{DEMO_DATA}/prompts"
+    """Prompts to sample responses for (any record kind with a prompt), with `models`."""
+    split: str = "train"
+    """Split of `prompts` or `responses` to read when it is a dataset with splits."""
+    max_prompts: int | None = None
+    """Use only the first this many records of `prompts` or `responses`; None uses all."""
+    k: int = 2
+    """Responses sampled per prompt (>= 2; at least one from each model): 2 gives pairs to
+    compare, more gives InstructGPT's rankings."""
+    max_new_tokens: int = 48
+    """The longest sampled response, in tokens."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens while sampling; 0 keeps all."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    max_prompt_length: int = 128
+    """Prompts longer than this many tokens keep their last tokens when sampled."""
+    batch_size: int = 32
+    """Rows (prompt x response) per generation batch."""
+    seed: int = 0
+    """Seed of the sampling generator (model m uses seed + m)."""
+    device: str | None = None
+    """torch device to sample on; None = CUDA when available, else CPU."""
+
+    def __post_init__(self) -> None:
+        require(
+            self,
+            "responses",
+            (self.responses is None) != (not self.models),
+            "a file of responses, or None when `models` are given (one of the two)",
+        )
+        require(self, "db", bool(self.db), "a database file path")
+        require(self, "k", self.k >= 2, "an integer >= 2 (responses to compare per prompt)")
+        require(
+            self,
+            "models",
+            len(self.models) <= self.k,
+            f"at most k = {self.k} models (each model samples at least one response)",
+        )
+        for name in ("max_prompt_length", "batch_size"):
+            require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        require(self, "max_prompts", self.max_prompts is None or self.max_prompts >= 1, ">= 1")
+        self.sampling  # noqa: B018 (checks the sampling fields)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling settings, checked; an error names the config field."""
+        try:
+            return SamplingConfig(
+                max_new_tokens=self.max_new_tokens,
+                temperature=self.temperature,
+                top_k=self.top_k,
+                top_p=self.top_p,
+            )
+        except ValueError as error:
+            raise ConfigError(f"PrepareConfig.{error}") from error
+
+
+# ------------------------------------------------------------------------ from a file
+def _utf8(row: _Row, name: str, value: Any) -> None:
+    """SQLite stores UTF-8: a lone surrogate (legal in JSON escapes) cannot be stored."""
+    texts = [value] if isinstance(value, str) else value
+    for text in texts:
+        parts = text.values() if isinstance(text, Mapping) else [text]
+        for part in parts:
+            try:
+                part.encode("utf-8")
+            except UnicodeEncodeError:
+                raise row.error(name, f"holds a lone surrogate, got {_got(part)}") from None
+
+
+def parse_task(row: _Row) -> TaskInput:
+    """A `prompt` and its `responses` (K >= 2 non-empty strings) from one raw record."""
+    prompt = _prompt(row)
+    responses = row.get("responses")
+    if not isinstance(responses, list):
+        raise row.error("responses", f"must be a list of K >= 2 responses, got {_got(responses)}")
+    if len(responses) < 2:
+        raise row.error("responses", f"must hold K >= 2 responses, got {len(responses)}")
+    texts = [_text(row, "responses", r, item=f"item {i} ") for i, r in enumerate(responses)]
+    _utf8(row, "prompt", prompt)
+    _utf8(row, "responses", texts)
+    return prompt, texts
+
+
+def read_tasks(source: str, split: str = "train", limit: int | None = None) -> list[TaskInput]:
+    """Every task of a file (or folder, or dataset) of prompt + responses records."""
+    rows = islice(_source_rows(source, split), limit)
+    tasks = [parse_task(_as_row(where, data, {})) for where, data in rows]
+    if not tasks:
+        raise DataError(f"{source}: no records")
+    return tasks
+
+
+# --------------------------------------------------------------------- from models
+def sample_tasks(config: PrepareConfig) -> list[TaskInput]:
+    """K responses per prompt of `config.prompts`, response i from model i mod M."""
+    import torch
+
+    records = load_records(config.prompts, "prompts", split=config.split, limit=config.max_prompts)
+    device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    texts = [[""] * config.k for _ in records]
+    for m, name in enumerate(config.models):
+        slots = range(m, config.k, len(config.models))
+        for p, samples in enumerate(_sample(name, records, len(slots), config, m, device)):
+            for slot, text in zip(slots, samples, strict=True):
+                texts[p][slot] = text
+    return _usable(records, texts)
+
+
+def _sample(
+    name: str,
+    records: list[PromptRecord],
+    n: int,
+    config: PrepareConfig,
+    index: int,
+    device: Any,
+) -> list[list[str]]:
+    """`n` sampled responses per prompt from model `name`, which is freed afterwards."""
+    from rlhfkit.data import encode_prompts
+    from rlhfkit.interact.sampling import sample_responses
+    from rlhfkit.models.loading import freeze, load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(name)
+    model = freeze(load_causal_lm(name, tokenizer=tokenizer)).to(device)
+    logger.info("sampling %d responses to each of %d prompts from %s", n, len(records), name)
+    prompt_ids, _ = encode_prompts(records, tokenizer, config.max_prompt_length)
+    batches = sample_responses(
+        model,
+        tokenizer,
+        prompt_ids,
+        config.sampling,
+        seed=config.seed + index,
+        batch_size=config.batch_size,
+        repeat=n,
+    )  # rows prompt-major: the n samples of prompt 0, then of prompt 1, ...
+    flat = [text for batch in batches for text in batch.responses]
+    del model, batches
+    gc.collect()
+    return [flat[p * n : (p + 1) * n] for p in range(len(records))]
+
+
+def _usable(records: list[PromptRecord], texts: list[list[str]]) -> list[TaskInput]:
+    """Tasks of the sampled texts without empty or repeated responses; prompts left with
+    fewer than two responses are left out (counted in the log)."""
+    tasks, dropped, left_out = [], 0, 0
+    for record, samples in zip(records, texts, strict=True):
+        kept = list(dict.fromkeys(t for t in samples if t.strip()))
+        dropped += len(samples) - len(kept)
+        if len(kept) >= 2:
+            tasks.append((record.prompt, kept))
+        else:
+            left_out += 1
+    if dropped:
+        logger.warning(
+            "%d sampled responses were empty or repeated and were dropped; %d of %d prompts "
+            "were left out (fewer than 2 responses left)",
+            dropped,
+            left_out,
+            len(records),
+        )
+    return tasks
+
+
+def run_prepare(config: PrepareConfig) -> Path:
+    """The `rlhfkit label prepare` command: tasks into `config.db`; returns its path."""
+    if config.responses is not None:
+        tasks = read_tasks(config.responses, config.split, config.max_prompts)
+    else:
+        from rlhfkit.models.loading import check_model_source
+
+        for i, model in enumerate(config.models):  # all of them before the first one loads
+            check_model_source(model, f"PrepareConfig.models[{i}]")
+        tasks = sample_tasks(config)
+    store = Store(config.db, create=True)
+    try:
+        added, present = store.add_tasks(tasks)
+        total = len(store.tasks())
+    finally:
+        store.close()
+    logger.info(
+        "%s: %d tasks added, %d already there; %d tasks in all", config.db, added, present, total
+    )
+    return Path(config.db)

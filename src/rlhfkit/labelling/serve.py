@@ -1,0 +1,141 @@
+"""`rlhfkit label serve`: the labelling app (`app.py`) on uvicorn, until Ctrl-C.
+
+On a loopback address (the default, 127.0.0.1) anyone at this machine may sign in with a
+name. Listening anywhere else (0.0.0.0 for a team on the local network) needs tokens: each
+name in `labellers` gets one the first time it is listed, printed once, and only tokens sign
+in. The socket is bound before the URL is printed, so `--port 0` (a free port) prints the
+port the server really has.
+
+This module is a command's front end, so it prints the URL and the tokens; the app logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import socket
+from dataclasses import dataclass
+
+from rlhfkit.config import require
+from rlhfkit.labelling.store import MAX_NAME, LoginError, Store, check_name
+
+
+def addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The addresses `host` (a name or an address) stands for; none if it does not resolve."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return []
+    return [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` is on this machine only (127.0.0.0/8, ::1)."""
+    found = addresses(host)
+    return bool(found) and all(address.is_loopback for address in found)
+
+
+@dataclass
+class ServeConfig:
+    """Serve the labelling web app on a labelling database, until Ctrl-C."""
+
+    db: str = "runs/label/labels.db"
+    """The labelling database (from `rlhfkit label prepare`)."""
+    host: str = "127.0.0.1"
+    """Address to listen on: 127.0.0.1 for this machine only; 0.0.0.0 (every interface) or
+    this machine's address for a team, which then needs `labellers` (tokens)."""
+    port: int = 8000
+    """TCP port; 0 picks a free one (the URL printed says which)."""
+    labels_per_task: int = 1
+    """Votes (ties included, skips not) a task needs before it is no longer handed out; 2 or
+    more gives the agreement between labellers."""
+    labellers: list[str] = dataclasses.field(default_factory=list)
+    """Names that sign in with a token: each one without a token gets one, printed once
+    (only its hash is stored). Required when `host` is not a loopback address."""
+    new_tokens: bool = False
+    """Give `labellers` new tokens even if they have one (the old ones stop working)."""
+
+    def __post_init__(self) -> None:
+        require(self, "db", bool(self.db), "a database file")
+        require(self, "host", bool(addresses(self.host)), "an address or a host name")
+        require(self, "port", 0 <= self.port <= 65535, "a TCP port in 0..65535 (0 = any free)")
+        require(self, "labels_per_task", self.labels_per_task >= 1, "an integer >= 1")
+        require(
+            self,
+            "labellers",
+            all(_signs_in(name) for name in self.labellers),
+            f"names of 1 to {MAX_NAME} printable characters",
+        )
+        require(
+            self,
+            "labellers",
+            bool(self.labellers) or self.local,
+            "at least one name when `host` is not a loopback address (beyond this machine, "
+            "labellers sign in with tokens)",
+        )
+
+    @property
+    def local(self) -> bool:
+        """Whether the server can only be reached from this machine (names may sign in)."""
+        return is_loopback(self.host)
+
+
+def _signs_in(name: str) -> bool:
+    try:
+        check_name(name)
+    except LoginError:
+        return False
+    return True
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on `host`:`port` (IPv4 or IPv6, whichever `host` is)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(address)
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket, host: str) -> str:
+    address, port = sock.getsockname()[:2]
+    if ipaddress.ip_address(address.split("%")[0]).is_unspecified:
+        address = socket.gethostname()  # 0.0.0.0 / :: is not an address to browse to
+    elif ":" in address:
+        address = f"[{address}]"
+    return f"http://{address}:{port}/"
+
+
+def issue_tokens(store: Store, names: list[str], replace: bool) -> dict[str, str | None]:
+    """New tokens of `names` by name; None for those who keep the token they have."""
+    return {name: store.issue_token(name, replace=replace) for name in names}
+
+
+def run_serve(config: ServeConfig) -> None:
+    """The `rlhfkit label serve` command: print the URL (and new tokens), serve until Ctrl-C."""
+    import uvicorn
+
+    from rlhfkit.labelling.app import create_app
+
+    store = Store(config.db)
+    try:
+        tokens = issue_tokens(store, config.labellers, config.new_tokens)
+        tasks = len(store.tasks())
+    finally:
+        store.close()
+    app = create_app(
+        config.db, labels_per_task=config.labels_per_task, require_token=not config.local
+    )
+    sock = listening_socket(config.host, config.port)
+    url = _url(sock, config.host)
+    print(f"rlhfkit label serve: {tasks} task{'s' * (tasks != 1)} in {config.db}", flush=True)
+    for name, token in tokens.items():
+        shown = token if token is not None else "(has a token already; --new_tokens replaces it)"
+        print(f"  token of {name}: {shown}", flush=True)
+    print(f"Labelling at {url} (Ctrl-C stops)", flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    )
+    server.run(sockets=[sock])

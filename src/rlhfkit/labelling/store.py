@@ -1,0 +1,546 @@
+"""The labelling database: tasks, labellers, what each labeller was shown, and their votes.
+
+One SQLite file holds a whole labelling campaign, so serving needs no model, and a copy of the
+file is a backup. What keeps votes safe:
+
+- Write-ahead log (`journal_mode=WAL`) with `synchronous=FULL`: readers never block the writer,
+  and a transaction is on disk when COMMIT returns, so killing the server (or the machine)
+  loses no vote that a labeller was told is saved.
+- Every write is one transaction begun with `BEGIN IMMEDIATE` (the write lock is taken first,
+  so two labellers' transactions queue instead of failing on a lock upgrade).
+- A vote's primary key is the UUID its browser made when the task was shown. A retried
+  submission finds its own row and gets the same answer back; a second, different vote by
+  the same labeller on the same task is refused (`UNIQUE (task_id, labeller)`); a labeller
+  can only vote on a task they were shown, and never overwrites anyone else's row.
+
+Which task a labeller gets next (`next_task`): the one they were shown and have not answered
+yet, else a task never shown to them that has fewer than `labels_per_task` votes (skips do not
+count). Tasks that others are already working on come first, so that tasks reach their quota
+one after the other; a task shown to someone who has not answered for `LEASE_SECONDS` no
+longer counts as being worked on. When every open task is taken, the labeller still gets one
+(an extra vote is harmless, an idle labeller is not). The order of the responses is shuffled
+for each labeller, as InstructGPT's labelling interface did, and remembered: votes are stored
+as response indices, whatever order the labeller saw.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import secrets
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlhfkit.data import DataError, Prompt
+from rlhfkit.labelling.display import visible
+
+SCHEMA_VERSION = 1
+LEASE_SECONDS = 30 * 60
+CHOICES = ("rank", "tie", "skip")
+MAX_NAME = 40
+MAX_FLAG = 200
+
+_SCHEMA = """
+CREATE TABLE tasks (
+    id INTEGER PRIMARY KEY,
+    prompt TEXT NOT NULL,           -- JSON: a string, or a list of {"role", "content"} messages
+    responses TEXT NOT NULL,        -- JSON: a list of K >= 2 strings
+    k INTEGER NOT NULL CHECK (k >= 2),
+    digest TEXT NOT NULL UNIQUE,    -- of prompt and responses: preparing twice adds nothing
+    created REAL NOT NULL
+);
+CREATE TABLE labellers (
+    name TEXT PRIMARY KEY,
+    token_hash TEXT UNIQUE,         -- sha256 of the login token, NULL if none was issued
+    created REAL NOT NULL
+);
+CREATE TABLE sessions (
+    secret_hash TEXT PRIMARY KEY,   -- sha256 of the session cookie
+    labeller TEXT NOT NULL REFERENCES labellers (name),
+    created REAL NOT NULL
+);
+CREATE TABLE shown (
+    task_id INTEGER NOT NULL REFERENCES tasks (id),
+    labeller TEXT NOT NULL REFERENCES labellers (name),
+    display TEXT NOT NULL,          -- JSON: response index shown in each slot
+    shown_at REAL NOT NULL,
+    PRIMARY KEY (task_id, labeller)
+);
+CREATE TABLE votes (
+    id TEXT PRIMARY KEY,            -- UUID made by the client: a retry finds its own row
+    task_id INTEGER NOT NULL,
+    labeller TEXT NOT NULL,
+    choice TEXT NOT NULL CHECK (choice IN ('rank', 'tie', 'skip')),
+    ranking TEXT,                   -- JSON: response indices best first, for choice 'rank'
+    rating INTEGER CHECK (rating BETWEEN 1 AND 7),
+    flag TEXT,
+    created REAL NOT NULL,
+    UNIQUE (task_id, labeller),
+    FOREIGN KEY (task_id, labeller) REFERENCES shown (task_id, labeller)
+);
+CREATE INDEX shown_by_labeller ON shown (labeller, task_id);
+"""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A prompt and the K >= 2 responses to compare or rank."""
+
+    id: int
+    prompt: Prompt
+    responses: list[str]
+
+    @property
+    def k(self) -> int:
+        return len(self.responses)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A task as one labeller sees it: `display[slot]` is the response index in that slot."""
+
+    task: Task
+    display: list[int]
+
+    @property
+    def responses(self) -> list[str]:
+        """The responses in the order the labeller sees them."""
+        return [self.task.responses[i] for i in self.display]
+
+
+@dataclass(frozen=True)
+class Vote:
+    """One labeller's answer to one task."""
+
+    id: str
+    task_id: int
+    labeller: str
+    k: int
+    choice: str
+    """'rank' (the responses ordered), 'tie' (all equally good) or 'skip' (cannot judge)."""
+    ranking: list[int] | None
+    """Response indices best first (for 'rank'); None otherwise."""
+    rating: int | None
+    """1-7 overall quality of the response ranked first (optional)."""
+    flag: str | None
+    """Free text such as 'harmful' or 'nonsense' (optional)."""
+    created: float
+
+
+@dataclass(frozen=True)
+class VoteResult:
+    """The stored vote, and whether this submission was a retry of one already stored."""
+
+    vote: Vote
+    duplicate: bool
+
+
+class VoteError(ValueError):
+    """A vote the store refuses; `status` is the HTTP status that says why."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class LoginError(ValueError):
+    """A name or token that cannot sign in."""
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def check_name(name: str) -> str:
+    """A labeller name, stripped: 1 to `MAX_NAME` characters, none of them invisible."""
+    name = name.strip() if isinstance(name, str) else ""
+    if not 1 <= len(name) <= MAX_NAME or visible(name) != name or "\n" in name or "\t" in name:
+        raise LoginError(f"a name is 1 to {MAX_NAME} printable characters")
+    return name
+
+
+def _task(row: sqlite3.Row) -> Task:
+    return Task(row["id"], json.loads(row["prompt"]), json.loads(row["responses"]))
+
+
+def _vote(row: sqlite3.Row) -> Vote:
+    ranking = row["ranking"]
+    return Vote(
+        id=row["id"],
+        task_id=row["task_id"],
+        labeller=row["labeller"],
+        k=row["k"],
+        choice=row["choice"],
+        ranking=json.loads(ranking) if ranking is not None else None,
+        rating=row["rating"],
+        flag=row["flag"],
+        created=row["created"],
+    )
+
+
+class Store:
+    """The labelling database at `path`; `create=True` makes it (and its folder) if missing.
+
+    Safe to share between threads: each thread gets its own connection.
+    """
+
+    def __init__(self, path: str | Path, *, create: bool = False):
+        self.path = Path(path)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        if create:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        elif not self.path.is_file():
+            raise DataError(
+                f"{self.path}: no such labelling database (`rlhfkit label prepare` makes one)"
+            )
+        self._check_schema()
+
+    # ------------------------------------------------------------------------ connections
+    def _connection(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            # isolation_level=None: no implicit transactions, each is begun explicitly below.
+            db = sqlite3.connect(
+                self.path, timeout=30, isolation_level=None, check_same_thread=False
+            )
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("PRAGMA synchronous = FULL")
+            db.execute("PRAGMA foreign_keys = ON")
+            self._local.db = db
+            with self._lock:
+                self._connections.append(db)
+        return db
+
+    @contextmanager
+    def _transaction(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        """One transaction: IMMEDIATE (takes the write lock first) or DEFERRED (a read snapshot)."""
+        db = self._connection()
+        db.execute(f"BEGIN {mode}")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._lock:
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def _check_schema(self) -> None:
+        try:
+            with self._transaction() as db:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                if version == 0 and tables == 0:
+                    for statement in _SCHEMA.split(";"):
+                        if statement.strip():
+                            db.execute(statement)
+                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                    version = SCHEMA_VERSION
+        except sqlite3.DatabaseError as error:
+            raise DataError(f"{self.path}: not a labelling database ({error})") from None
+        if version != SCHEMA_VERSION:
+            raise DataError(
+                f"{self.path}: not a labelling database of this rlhfkit (schema version "
+                f"{version}, expected {SCHEMA_VERSION})"
+            )
+
+    # ------------------------------------------------------------------------------ tasks
+    def add_tasks(self, tasks: Iterable[tuple[Prompt, list[str]]]) -> tuple[int, int]:
+        """Add (prompt, responses) tasks in one transaction; returns (added, already there)."""
+        added = present = 0
+        now = time.time()
+        with self._transaction() as db:
+            for prompt, responses in tasks:
+                if len(responses) < 2:
+                    raise ValueError(f"a task needs K >= 2 responses, got {len(responses)}")
+                prompt_json = json.dumps(prompt, ensure_ascii=False)
+                responses_json = json.dumps(list(responses), ensure_ascii=False)
+                digest = _hash(prompt_json + "\n" + responses_json)
+                cursor = db.execute(
+                    "INSERT OR IGNORE INTO tasks (prompt, responses, k, digest, created) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (prompt_json, responses_json, len(responses), digest, now),
+                )
+                added += cursor.rowcount
+                present += 1 - cursor.rowcount
+        return added, present
+
+    def tasks(self) -> dict[int, Task]:
+        """Every task by id."""
+        rows = self._connection().execute("SELECT id, prompt, responses FROM tasks ORDER BY id")
+        return {row["id"]: _task(row) for row in rows}
+
+    # ------------------------------------------------------------------- labellers, login
+    def issue_token(self, name: str, *, replace: bool = False) -> str | None:
+        """A new login token for `name` (the labeller is created if new). Returns None, and
+        keeps the old token, if the labeller has one and `replace` is False. Only the token's
+        hash is stored: it is shown this once."""
+        name = check_name(name)
+        token = secrets.token_urlsafe(16)
+        with self._transaction() as db:
+            row = db.execute("SELECT token_hash FROM labellers WHERE name = ?", (name,)).fetchone()
+            if row is not None and row["token_hash"] is not None and not replace:
+                return None
+            db.execute(
+                "INSERT INTO labellers (name, token_hash, created) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET token_hash = excluded.token_hash",
+                (name, _hash(token), time.time()),
+            )
+            # A replaced token also ends the sessions it opened.
+            db.execute("DELETE FROM sessions WHERE labeller = ?", (name,))
+        return token
+
+    def sign_in(self, *, name: str | None = None, token: str | None = None) -> tuple[str, str]:
+        """Open a session with a token, or with a bare name (for a name that has no token).
+        Returns (session secret, labeller name)."""
+        with self._transaction() as db:
+            if token:
+                row = db.execute(
+                    "SELECT name FROM labellers WHERE token_hash = ?", (_hash(token.strip()),)
+                ).fetchone()
+                if row is None:
+                    raise LoginError("unknown token")
+                name = row["name"]
+            else:
+                name = check_name(name or "")
+                row = db.execute(
+                    "SELECT token_hash FROM labellers WHERE name = ?", (name,)
+                ).fetchone()
+                if row is not None and row["token_hash"] is not None:
+                    raise LoginError(f"{name} signs in with the token they were given")
+                db.execute(
+                    "INSERT OR IGNORE INTO labellers (name, created) VALUES (?, ?)",
+                    (name, time.time()),
+                )
+            secret = secrets.token_urlsafe(24)
+            db.execute(
+                "INSERT INTO sessions (secret_hash, labeller, created) VALUES (?, ?, ?)",
+                (_hash(secret), name, time.time()),
+            )
+        return secret, name
+
+    def labeller_of(self, secret: str | None) -> str | None:
+        """The labeller signed in with this session secret, or None."""
+        if not secret:
+            return None
+        row = (
+            self._connection()
+            .execute("SELECT labeller FROM sessions WHERE secret_hash = ?", (_hash(secret),))
+            .fetchone()
+        )
+        return row["labeller"] if row is not None else None
+
+    def sign_out(self, secret: str) -> None:
+        with self._transaction() as db:
+            db.execute("DELETE FROM sessions WHERE secret_hash = ?", (_hash(secret),))
+
+    # ------------------------------------------------------------------------- next task
+    def next_task(self, labeller: str, labels_per_task: int) -> Shown | None:
+        """The task `labeller` should label now (see the module docstring), or None."""
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT t.id, t.prompt, t.responses, s.display FROM shown s "
+                "JOIN tasks t ON t.id = s.task_id "
+                "WHERE s.labeller = ? AND NOT EXISTS "
+                "(SELECT 1 FROM votes v WHERE v.task_id = s.task_id AND v.labeller = s.labeller) "
+                "ORDER BY s.shown_at LIMIT 1",
+                (labeller,),
+            ).fetchone()
+            if row is not None:
+                return Shown(_task(row), json.loads(row["display"]))
+            row = db.execute(
+                _PICK, {"me": labeller, "needed": labels_per_task, "since": _lease_start()}
+            ).fetchone()
+            if row is None:
+                return None
+            task = _task(row)
+            display = random.SystemRandom().sample(range(task.k), task.k)
+            db.execute(
+                "INSERT INTO shown (task_id, labeller, display, shown_at) VALUES (?, ?, ?, ?)",
+                (task.id, labeller, json.dumps(display), time.time()),
+            )
+        return Shown(task, display)
+
+    # ------------------------------------------------------------------------------ votes
+    def record_vote(
+        self,
+        labeller: str,
+        vote_id: str,
+        task_id: int,
+        choice: str,
+        order: list[int] | None = None,
+        rating: int | None = None,
+        flag: str | None = None,
+    ) -> VoteResult:
+        """Store one vote atomically. `order` lists display slots best first (choice 'rank').
+
+        Submitting the same vote again (same id and content) returns the stored vote with
+        `duplicate=True`; anything else that would change a stored vote raises `VoteError`.
+        """
+        vote_id = _check_vote_id(vote_id)
+        _check_fields(choice, order, rating)
+        flag = _check_flag(flag)
+        with self._transaction() as db:
+            task = db.execute("SELECT k FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            if task is None:
+                raise VoteError(f"no task {task_id}", 404)
+            shown = db.execute(
+                "SELECT display FROM shown WHERE task_id = ? AND labeller = ?", (task_id, labeller)
+            ).fetchone()
+            if shown is None:
+                raise VoteError(f"task {task_id} was not shown to {labeller}", 409)
+            ranking = _ranking(choice, order, json.loads(shown["display"]))
+            values = (vote_id, task_id, labeller, choice, ranking, rating, flag)
+            stored = db.execute(_VOTE_BY_ID, (vote_id,)).fetchone()
+            if stored is not None:
+                if tuple(stored)[:7] != values:
+                    raise VoteError(f"vote id {vote_id} is already used by another vote", 409)
+                return VoteResult(_vote(stored), duplicate=True)
+            other = db.execute(
+                "SELECT id FROM votes WHERE task_id = ? AND labeller = ?", (task_id, labeller)
+            ).fetchone()
+            if other is not None:
+                raise VoteError(f"{labeller} already voted on task {task_id}", 409)
+            db.execute(
+                "INSERT INTO votes (id, task_id, labeller, choice, ranking, rating, flag, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (*values, time.time()),
+            )
+            stored = db.execute(_VOTE_BY_ID, (vote_id,)).fetchone()
+        return VoteResult(_vote(stored), duplicate=False)
+
+    def votes(self) -> list[Vote]:
+        """Every vote, oldest first."""
+        rows = self._connection().execute(_VOTES + " ORDER BY v.created, v.id")
+        return [_vote(row) for row in rows]
+
+    # --------------------------------------------------------------------------- progress
+    def labeller_progress(self, labeller: str, labels_per_task: int) -> dict[str, int]:
+        """`labeller`'s votes, and how many tasks they could still be given."""
+        with self._transaction("DEFERRED") as db:
+            votes = db.execute(
+                "SELECT count(*) FROM votes WHERE labeller = ?", (labeller,)
+            ).fetchone()[0]
+            left = db.execute(_LEFT, {"me": labeller, "needed": labels_per_task}).fetchone()[0]
+        return {"votes": votes, "left": left}
+
+    def counts(self, labels_per_task: int) -> dict[str, Any]:
+        """Tasks (all, with a vote, with `labels_per_task` votes) and votes per labeller."""
+        with self._transaction("DEFERRED") as db:
+            per_task = db.execute(
+                "SELECT t.id, count(v.id) AS n FROM tasks t LEFT JOIN votes v "
+                "ON v.task_id = t.id AND v.choice != 'skip' GROUP BY t.id"
+            ).fetchall()
+            rows = db.execute(
+                "SELECT labeller, choice, count(*) AS n FROM votes GROUP BY labeller, choice"
+            ).fetchall()
+        labellers: dict[str, dict[str, int]] = {}
+        for row in rows:
+            counts = labellers.setdefault(row["labeller"], dict.fromkeys(("votes", *CHOICES), 0))
+            counts[row["choice"]] = row["n"]
+            counts["votes"] += row["n"]
+        return {
+            "tasks": len(per_task),
+            "tasks_started": sum(row["n"] > 0 for row in per_task),
+            "tasks_done": sum(row["n"] >= labels_per_task for row in per_task),
+            "votes": sum(c["votes"] for c in labellers.values()),
+            "labellers": dict(sorted(labellers.items())),
+        }
+
+
+# Open tasks not yet shown to :me, those others are working on first (see the module docstring).
+_PICK = """
+WITH done AS (
+    SELECT task_id, count(*) AS n FROM votes WHERE choice != 'skip' GROUP BY task_id
+), pending AS (
+    SELECT s.task_id, count(*) AS n FROM shown s
+    WHERE s.shown_at > :since AND NOT EXISTS
+        (SELECT 1 FROM votes v WHERE v.task_id = s.task_id AND v.labeller = s.labeller)
+    GROUP BY s.task_id
+), open AS (
+    SELECT t.id, t.prompt, t.responses, coalesce(d.n, 0) + coalesce(p.n, 0) AS busy
+    FROM tasks t
+    LEFT JOIN done d ON d.task_id = t.id
+    LEFT JOIN pending p ON p.task_id = t.id
+    WHERE coalesce(d.n, 0) < :needed
+      AND NOT EXISTS (SELECT 1 FROM shown s WHERE s.task_id = t.id AND s.labeller = :me)
+)
+SELECT id, prompt, responses FROM open
+ORDER BY busy >= :needed, CASE WHEN busy < :needed THEN -busy ELSE busy END, id
+LIMIT 1
+"""
+
+# Tasks :me could still be given: open ones never shown to them, and their unanswered one.
+_LEFT = """
+SELECT
+    (SELECT count(*) FROM tasks t
+     WHERE (SELECT count(*) FROM votes v WHERE v.task_id = t.id AND v.choice != 'skip') < :needed
+       AND NOT EXISTS (SELECT 1 FROM shown s WHERE s.task_id = t.id AND s.labeller = :me))
+  + (SELECT count(*) FROM shown s WHERE s.labeller = :me AND NOT EXISTS
+        (SELECT 1 FROM votes v WHERE v.task_id = s.task_id AND v.labeller = s.labeller))
+"""
+
+_VOTES = (
+    "SELECT v.id, v.task_id, v.labeller, v.choice, v.ranking, v.rating, v.flag, v.created, t.k "
+    "FROM votes v JOIN tasks t ON t.id = v.task_id"
+)
+_VOTE_BY_ID = _VOTES + " WHERE v.id = ?"
+
+
+def _lease_start() -> float:
+    return time.time() - LEASE_SECONDS
+
+
+def _check_vote_id(vote_id: Any) -> str:
+    try:
+        return str(uuid.UUID(str(vote_id)))
+    except ValueError:
+        raise VoteError(f"vote id {vote_id!r} is not a UUID", 422) from None
+
+
+def _check_fields(choice: Any, order: Any, rating: Any) -> None:
+    if choice not in CHOICES:
+        raise VoteError(f"choice {choice!r} is not one of {', '.join(CHOICES)}", 422)
+    if choice != "rank" and order is not None:
+        raise VoteError(f"choice {choice!r} takes no order", 422)
+    if rating is not None and not (type(rating) is int and 1 <= rating <= 7):
+        raise VoteError(f"rating {rating!r} is not an integer from 1 to 7", 422)
+
+
+def _check_flag(flag: Any) -> str | None:
+    if flag is None:
+        return None
+    if not isinstance(flag, str) or len(flag.strip()) > MAX_FLAG:
+        raise VoteError(f"a flag is a text of at most {MAX_FLAG} characters", 422)
+    return flag.strip() or None
+
+
+def _ranking(choice: str, order: Any, display: list[int]) -> str | None:
+    """The display slots of `order` as response indices best first (JSON), for 'rank'."""
+    if choice != "rank":
+        return None
+    k = len(display)
+    if not (
+        isinstance(order, list)
+        and all(type(slot) is int for slot in order)
+        and sorted(order) == list(range(k))
+    ):
+        raise VoteError(f"order {order!r} is not a permutation of the slots 0..{k - 1}", 422)
+    return json.dumps([display[slot] for slot in order])

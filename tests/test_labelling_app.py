@@ -1,0 +1,357 @@
+"""Labelling: the web app over HTTP (Starlette's test client), and `rlhfkit label prepare` /
+`export` on files and a tiny model."""
+
+import json
+import re
+import uuid
+
+import pytest
+from starlette.testclient import TestClient
+
+from rlhfkit.cli import main
+from rlhfkit.data import PromptRecord, encode_prompts, load_records
+from rlhfkit.errors import UsageError
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.interact.sampling import sample_responses
+from rlhfkit.labelling.app import create_app
+from rlhfkit.labelling.prepare import PrepareConfig, run_prepare
+from rlhfkit.labelling.store import Store
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+
+HOSTILE = "<script>alert(1)</script><img src=x onerror=alert(2)> **bold** \x1b[2J\u202eevil"
+TASKS = [
+    ("Say hi.", ["Hi!", "Hello there."]),
+    ("Which is safe?", [HOSTILE, "A plain answer."]),
+    ([{"role": "user", "content": "Count <b>up</b>."}], ["one", "two", "three", "four"]),
+]
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "labels.db"
+    store = Store(path, create=True)
+    store.add_tasks(TASKS)
+    store.close()
+    return path
+
+
+@pytest.fixture
+def client(db):
+    with TestClient(create_app(db, labels_per_task=2)) as c:
+        yield c
+
+
+def sign_in(client, name):
+    response = client.post("/api/login", json={"name": name})
+    assert response.status_code == 200, response.text
+    return response
+
+
+def vote(client, task, choice="rank", order=None, vote_id=None, **extra):
+    body = {"id": vote_id or str(uuid.uuid4()), "task": task, "choice": choice, "order": order}
+    return client.post("/api/votes", json={**body, **extra})
+
+
+# ----------------------------------------------------------------------------- the pages
+def test_pages_lead_from_sign_in_to_a_task(client):
+    response = client.get("/", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/login"
+    page = client.get("/login").text
+    assert 'name="name"' in page and 'name="token"' in page
+    response = client.post("/login", data={"name": "ann"}, follow_redirects=False)
+    assert response.status_code == 303
+    cookie = response.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie
+    page = client.get("/").text
+    assert 'id="task" data-task="1" data-k="2"' in page
+    assert "Signed in as <b>ann</b>" in page and "<b>0</b> votes by you" in page
+    assert '<script src="/static/label.js"></script>' in page
+    assert client.get("/static/label.js").status_code == 200
+
+
+def test_a_bad_sign_in_says_why(client):
+    response = client.post("/login", data={"name": "  "})
+    assert response.status_code == 401 and "a name is 1 to 40 printable characters" in response.text
+    response = client.post("/api/login", json={"token": "nope"})
+    assert response.status_code == 401 and response.json() == {"error": "unknown token"}
+
+
+def test_model_text_is_shown_inert_in_pages_and_json(client):
+    sign_in(client, "ann")
+    task = client.get("/api/next").json()["task"]
+    vote(client, task["id"], "skip")
+    page = client.get("/").text  # task 2, the hostile one
+    assert 'data-task="2"' in page
+    assert "<script>alert" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x onerror=alert(2)&gt;" in page
+    assert '**bold** <span class="ctrl" title="U+001B">\\x1b</span>[2J' in page  # as typed
+    assert '<span class="ctrl" title="U+202E">\\u202e</span>evil' in page
+    assert "\x1b" not in page and "\u202e" not in page
+    shown = client.get("/api/next").json()["task"]
+    assert shown["id"] == 2
+    assert HOSTILE.replace("\x1b", "\\x1b").replace("\u202e", "\\u202e") in shown["responses"]
+    headers = client.get("/").headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert headers["x-content-type-options"] == "nosniff"
+
+
+def test_a_chat_prompt_shows_each_turn_escaped(client):
+    sign_in(client, "ann")
+    for _ in range(2):
+        task = client.get("/api/next").json()["task"]
+        vote(client, task["id"], "skip")
+    page = client.get("/").text
+    assert 'data-k="4"' in page and '<div class="role">user</div>' in page
+    assert "Count &lt;b&gt;up&lt;/b&gt;." in page
+    assert page.count('class="response rankable"') == 4
+
+
+# ------------------------------------------------------------------------------- the API
+def test_votes_are_idempotent_and_progress_counts_them(client):
+    sign_in(client, "ann")
+    task = client.get("/api/next").json()["task"]
+    assert task["id"] == 1 and task["k"] == 2 and len(task["responses"]) == 2
+    vote_id = str(uuid.uuid4())
+    first = vote(client, 1, order=[1, 0], vote_id=vote_id, rating=7, flag=" harmful ")
+    assert first.status_code == 201, first.text
+    stored = first.json()["vote"]
+    shown_first, shown_second = task["responses"]
+    assert stored["ranking"] == [TASKS[0][1].index(shown_second), TASKS[0][1].index(shown_first)]
+    assert (stored["rating"], stored["flag"]) == (7, "harmful")
+    retry = vote(client, 1, order=[1, 0], vote_id=vote_id, rating=7, flag=" harmful ")
+    assert retry.status_code == 200 and retry.json()["duplicate"] is True
+    assert retry.json()["vote"] == stored
+    assert first.json()["progress"] == {"votes": 1, "left": 2}
+    conflict = vote(client, 1, order=[0, 1])
+    assert conflict.status_code == 409 and "already voted on task 1" in conflict.json()["error"]
+    overview = client.get("/api/progress").json()
+    assert overview["votes"] == 1 and overview["labellers"]["ann"]["rank"] == 1
+
+
+def test_the_vote_maps_display_slots_to_responses(client):
+    sign_in(client, "ann")
+    task = client.get("/api/next").json()["task"]
+    best = task["responses"][1]  # the one shown second
+    vote(client, task["id"], order=[1, 0])
+    assert Store(client.app.state.store.path).votes()[0].ranking[0] == TASKS[0][1].index(best)
+
+
+@pytest.mark.parametrize(
+    "request_kwargs, status, error",
+    [
+        (
+            {"content": b"{}", "headers": {"content-type": "text/plain"}},
+            415,
+            "send application/json",
+        ),
+        (
+            {"content": b"{not json", "headers": {"content-type": "application/json"}},
+            400,
+            "not JSON",
+        ),
+        ({"json": [1, 2]}, 422, "not a JSON object"),
+        ({"json": {"task": "1"}}, 422, "task '1' is not a task id"),
+        ({"json": {"task": 1, "id": "x", "choice": "skip"}}, 422, "is not a UUID"),
+        (
+            {"json": {"task": 1}, "headers": {"origin": "http://evil.example"}},
+            403,
+            "cross-origin request refused",
+        ),
+    ],
+)
+def test_bad_vote_requests_get_a_clear_error(client, request_kwargs, status, error):
+    sign_in(client, "ann")
+    client.get("/api/next")
+    response = client.post("/api/votes", **request_kwargs)
+    assert response.status_code == status and error in response.json()["error"]
+
+
+def test_the_progress_page_before_anyone_agrees(client):
+    page = client.get("/progress").text  # open to all on this machine
+    assert "<b>0</b> of <b>3</b> tasks done" in page and "No votes yet." in page
+    sign_in(client, "ann")
+    vote(client, client.get("/api/next").json()["task"]["id"], "tie")
+    page = client.get("/progress").text
+    assert "<b>0</b> of <b>3</b> tasks done" in page  # labels_per_task=2
+    assert "<td>ann</td><td>1</td><td>0</td><td>1</td><td>0</td>" in page
+    assert "No task has been labelled by two people yet." in page
+
+
+def test_signed_out_clients_cannot_vote(client):
+    assert client.get("/api/next").status_code == 401
+    assert vote(client, 1, "skip").status_code == 401
+    sign_in(client, "ann")
+    client.post("/logout")
+    assert client.get("/api/next").status_code == 401
+
+
+def test_two_labellers_on_one_task_and_their_agreement(client, db):
+    sessions = {}
+    for name in ("ann", "bob"):
+        with TestClient(client.app) as c:
+            sign_in(c, name)
+            task = c.get("/api/next").json()["task"]
+            assert task["id"] == 1  # labels_per_task=2: both get task 1 first
+            order = [task["responses"].index("Hello there."), task["responses"].index("Hi!")]
+            assert vote(c, 1, order=order).status_code == 201
+            sessions[name] = c.cookies
+    overview = client.get("/api/progress").json()
+    assert overview["tasks_done"] == 1
+    assert overview["agreement"]["agreement"] == 1.0 and overview["agreement"]["kappa"] is None
+    page = client.get("/progress").text
+    assert "raw agreement <b>100.0%</b>" in page and "ann &amp; bob" in page
+
+
+def test_with_tokens_only_tokens_sign_in(db):
+    store = Store(db)
+    token = store.issue_token("ann")
+    store.close()
+    with TestClient(create_app(db, require_token=True)) as client:
+        response = client.post("/api/login", json={"name": "bob"})
+        assert response.status_code == 401 and "asks for the token" in response.json()["error"]
+        assert client.get("/progress", follow_redirects=False).status_code == 303
+        assert client.get("/api/progress").status_code == 401
+        page = client.get("/login").text
+        assert 'name="name"' not in page and 'name="token"' in page
+        response = client.post("/api/login", json={"token": token})
+        assert response.json() == {"labeller": "ann"}
+        assert client.get("/api/next").json()["task"]["id"] == 1
+
+
+def test_oversized_bodies_are_refused(client):
+    sign_in(client, "ann")
+    response = client.post(
+        "/api/votes", content=b" " * 100_000, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413
+
+
+# -------------------------------------------------------------- prepare and export (CLI)
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_prepare_from_a_file_then_export(tmp_path, capsys):
+    rows = [
+        {"prompt": "a", "responses": ["x", "y"]},
+        {"prompt": [{"role": "user", "content": "b"}], "responses": ["1", "2", "3"]},
+    ]
+    source = write_jsonl(tmp_path / "r.jsonl", rows)
+    db = str(tmp_path / "l.db")
+    assert main(["label", "prepare", "--db", db, "--responses", source]) == 0
+    assert main(["label", "prepare", "--db", db, "--responses", source]) == 0  # adds nothing
+    tasks = Store(db).tasks()
+    assert [(t.prompt, t.responses) for t in tasks.values()] == [
+        (r["prompt"], r["responses"]) for r in rows
+    ]
+    out = str(tmp_path / "prefs.jsonl")
+    assert main(["label", "export", "--db", db, "--out", out, "--aggregate", "majority"]) == 0
+    assert (tmp_path / "prefs.jsonl").read_text() == ""  # no votes yet
+    assert f"result:         {out}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "row, problem",
+    [
+        ({"responses": ["x", "y"]}, "line 2: field 'prompt' is missing"),
+        ({"prompt": "p"}, "line 2: field 'responses' is missing"),
+        ({"prompt": "p", "responses": ["only one"]}, "line 2: field 'responses' must hold K >= 2"),
+        ({"prompt": "p", "responses": "x"}, "line 2: field 'responses' must be a list of K >= 2"),
+        ({"prompt": "p", "responses": ["x", " "]}, "line 2: field 'responses' item 1 must be a"),
+        ({"prompt": "p", "responses": ["x", 3]}, "line 2: field 'responses' item 1 must be a"),
+        ({"prompt": "", "responses": ["x", "y"]}, "line 2: field 'prompt' must be a non-empty"),
+        ({"prompt": "\ud800", "responses": ["x", "y"]}, "line 2: field 'prompt' holds a lone"),
+    ],
+)
+def test_prepare_names_file_line_and_field_of_bad_input(tmp_path, capsys, row, problem):
+    source = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok", "responses": ["a", "b"]}, row])
+    db = tmp_path / "l.db"
+    assert main(["label", "prepare", "--db", str(db), "--responses", source]) == 2
+    err = capsys.readouterr().err
+    assert f"rlhfkit label prepare: error: {source} {problem}" in err, err
+    assert not db.exists()  # nothing half-written
+
+
+def test_prepare_refuses_a_model_that_is_not_there(tmp_path, tiny_model_dir):
+    config = PrepareConfig(models=[str(tiny_model_dir), str(tmp_path / "no/model")], db="x.db")
+    with pytest.raises(UsageError, match=r"PrepareConfig.models\[1\] '.*no/model': no such dir"):
+        run_prepare(config)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="an empty directory without config.json"):
+        run_prepare(PrepareConfig(models=[str(tmp_path / "empty")], db="x.db"))
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_prepare_refuses_bad_settings(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["label", "prepare", "--responses", "r.jsonl", "--k", "1"])
+    assert "PrepareConfig.k = 1 is not allowed: expected an integer >= 2" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["label", "prepare"])
+    assert "PrepareConfig.responses = None is not allowed" in capsys.readouterr().err
+    assert main(["label", "serve", "--db", str(tmp_path / "none.db")]) == 2
+    assert "no such labelling database" in capsys.readouterr().err
+
+
+def test_prepare_samples_from_models_end_to_end(tiny_model_dir, tmp_path):
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl", [{"prompt": p} for p in ("The cat", "A dog", "My friend")]
+    )
+    db = tmp_path / "l.db"
+    args = ["label", "prepare", "--db", str(db), "--prompts", prompts, "--k", "3"]
+    args += ["--models", f"[{tiny_model_dir}, {tiny_model_dir}]", "--max_new_tokens", "8"]
+    assert main([*args, "--device", "cpu", "--seed", "1"]) == 0
+    tasks = list(Store(db).tasks().values())
+    assert [t.prompt for t in tasks] == ["The cat", "A dog", "My friend"]
+    assert all(t.k == 3 and all(r.strip() for r in t.responses) for t in tasks)
+    # Response 1 of each prompt is model 1's (seed + 1), sampled as `rlhfkit bon` samples.
+    tokenizer = load_tokenizer(tiny_model_dir)
+    model = load_causal_lm(tiny_model_dir, tokenizer=tokenizer).eval()
+    ids, _ = encode_prompts([PromptRecord(t.prompt) for t in tasks], tokenizer, 128)
+    (batch,) = sample_responses(model, tokenizer, ids, SamplingConfig(8), seed=2, batch_size=32)
+    assert [t.responses[1] for t in tasks] == batch.responses
+    # The same seed samples the same responses: preparing again adds nothing.
+    assert main([*args, "--device", "cpu", "--seed", "1"]) == 0
+    assert len(Store(db).tasks()) == len(tasks)
+    config = PrepareConfig(models=[str(tiny_model_dir)], k=2)
+    assert config.sampling.max_new_tokens == 48
+
+
+def test_exported_votes_train_a_reward_model_and_dpo_unchanged(client, tmp_path, tiny_model_dir):
+    from rlhfkit.config import RewardConfig
+    from rlhfkit.trainers.dpo import run_dpo
+    from rlhfkit.trainers.dpo_config import DPOConfig
+    from rlhfkit.trainers.reward import run_reward
+
+    sign_in(client, "ann")
+    while (task := client.get("/api/next").json()["task"]) is not None:
+        assert vote(client, task["id"], order=list(range(task["k"]))[::-1]).status_code == 201
+    out = tmp_path / "prefs.jsonl"
+    db = str(client.app.state.store.path)
+    assert main(["label", "export", "--db", db, "--out", str(out)]) == 0
+    records = load_records(out, "comparisons")
+    assert len(records) == 3
+    common = {"train_data": str(out), "eval_data": None, "max_steps": 1, "batch_size": 2}
+    common |= {"cpu": True, "tensorboard": False, "max_length": 64}
+    rm_dir = tmp_path / "rm"
+    run_reward(RewardConfig(model=str(tiny_model_dir), output_dir=str(rm_dir), **common))
+    assert (rm_dir / "final").is_dir()
+    dpo_dir = tmp_path / "dpo"
+    run_dpo(DPOConfig(model=str(tiny_model_dir), output_dir=str(dpo_dir), **common))
+    assert (dpo_dir / "final").is_dir()
+
+
+def test_label_help_lists_the_three_commands(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["label", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(re.search(rf"^\s+{c}\s", out, re.M) for c in ("prepare", "serve", "export"))
+    with pytest.raises(SystemExit) as info:
+        main(["label"])
+    assert info.value.code == 2
+    with pytest.raises(SystemExit):
+        main(["label", "serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--labels_per_task LABELS_PER_TASK Votes (ties included, skips not)" in out

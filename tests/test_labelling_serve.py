@@ -1,0 +1,182 @@
+"""Labelling: `rlhfkit label serve` as a real server on localhost. Tokens and a server killed
+in the middle of votes, and the load test: 8 concurrent clients x 200 votes."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import pytest
+
+from rlhfkit.config import ConfigError
+from rlhfkit.labelling.export import export_records
+from rlhfkit.labelling.serve import ServeConfig
+from rlhfkit.labelling.store import Store
+
+
+@contextmanager
+def live_server(db, *args):
+    """`rlhfkit label serve` on a free port of 127.0.0.1: yields (url, process, output lines)."""
+    cmd = [sys.executable, "-m", "rlhfkit.cli", "label", "serve", "--db", str(db), "--port", "0"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:  # drain the pipe for as long as the server runs
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("Labelling at "):
+                started.set()
+        started.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert started.wait(120), "".join(lines)
+        match = re.search(r"Labelling at (http://127\.0\.0\.1:\d+/)", "".join(lines))
+        assert match, "".join(lines)
+        yield match.group(1), process, lines
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def make_db(path, n_tasks):
+    store = Store(path, create=True)
+    store.add_tasks([(f"Prompt {i}", [f"first {i}", f"second {i}"]) for i in range(n_tasks)])
+    store.close()
+    return path
+
+
+def api(url, name=None, token=None):
+    client = httpx.Client(base_url=url, timeout=30)
+    response = client.post("/api/login", json={"name": name} if token is None else {"token": token})
+    assert response.status_code == 200, response.text
+    return client
+
+
+def vote_next(client, vote_id=None):
+    """Vote on the next task (the first shown response is better); None if none is left."""
+    task = client.get("/api/next").json()["task"]
+    if task is None:
+        return None
+    body = {"id": vote_id or str(uuid.uuid4()), "task": task["id"], "choice": "rank"}
+    body["order"] = [0, 1]
+    response = client.post("/api/votes", json=body)
+    assert response.status_code == 201, response.text
+    return body
+
+
+def test_serve_beyond_this_machine_needs_tokens():
+    with pytest.raises(ConfigError, match="ServeConfig.labellers = \\[\\] is not allowed"):
+        ServeConfig(host="0.0.0.0")
+    assert not ServeConfig(host="0.0.0.0", labellers=["ann"]).local
+    assert ServeConfig(host="localhost").local and ServeConfig(host="127.0.0.2").local
+    with pytest.raises(ConfigError, match="ServeConfig.host = 'no.such.host.invalid'"):
+        ServeConfig(host="no.such.host.invalid")
+    with pytest.raises(ConfigError, match="ServeConfig.labellers"):
+        ServeConfig(labellers=["ann\x1b"])
+
+
+def test_tokens_and_votes_outlive_a_killed_server(tmp_path):
+    """Tokens printed once sign in; killing the server (SIGKILL) while a labeller votes loses
+    no vote they were told is stored; restarted, it keeps the tokens and the labeller's place."""
+    db = make_db(tmp_path / "l.db", 400)
+    acknowledged, sent = [], []
+    with live_server(db, "--labellers", "[ann, bob]") as (url, process, lines):
+        output = "".join(lines)
+        tokens = dict(re.findall(r"token of (\w+): (\S+)", output))
+        assert sorted(tokens) == ["ann", "bob"] and "400 tasks in" in output
+        assert httpx.post(f"{url}api/login", json={"name": "ann"}).status_code == 401
+        client = api(url, token=tokens["ann"])
+        assert client.get("/api/next").json()["progress"] == {"votes": 0, "left": 400}
+        stop = threading.Event()
+
+        def keep_voting() -> None:
+            try:
+                while not stop.is_set():
+                    vote_id = str(uuid.uuid4())
+                    sent.append(vote_id)
+                    if vote_next(client, vote_id) is not None:
+                        acknowledged.append(vote_id)
+            except httpx.HTTPError:
+                pass  # the server is gone
+
+        voter = threading.Thread(target=keep_voting)
+        voter.start()
+        deadline = time.monotonic() + 60
+        while len(acknowledged) < 20:
+            assert voter.is_alive() and time.monotonic() < deadline, "the votes stopped"
+            time.sleep(0.01)
+        process.kill()  # SIGKILL: no shutdown, no checkpoint
+        process.wait()
+        stop.set()
+        voter.join(30)
+    stored = {v.id for v in Store(db).votes()}
+    assert set(acknowledged) <= stored
+    assert stored <= set(sent) and len(stored) - len(acknowledged) <= 1  # one in flight
+    with live_server(db, "--labellers", "[ann]") as (url, _, lines):
+        assert "token of ann: (has a token already" in "".join(lines)
+        client = api(url, token=tokens["ann"])
+        assert client.get("/api/next").json()["progress"]["votes"] == len(stored)
+        assert vote_next(client) is not None
+    votes = Store(db).votes()
+    assert len(votes) == len(stored) + 1 and len({v.task_id for v in votes}) == len(votes)
+
+
+@pytest.mark.slow
+def test_load_8_clients_200_votes_each(tmp_path):
+    """8 concurrent labellers vote 200 times each, every 10th vote sent twice (a retry):
+    1,600 votes in the database and in the export, none duplicated, none lost."""
+    clients, votes_each = 8, 200
+    db = make_db(tmp_path / "load.db", votes_each)  # every client labels every task once
+
+    def labeller(index: int, url: str) -> list[str]:
+        client, sent = api(url, name=f"client{index}"), []
+        for n in range(votes_each):
+            body = vote_next(client)
+            assert body is not None
+            sent.append(body["id"])
+            if n % 10 == 9:  # the answer was lost, say: the same vote again
+                retry = client.post("/api/votes", json=body)
+                assert retry.status_code == 200 and retry.json()["duplicate"], retry.text
+        assert client.get("/api/next").json()["task"] is None
+        return sent
+
+    with live_server(db, "--labels_per_task", str(clients)) as (url, _, _):
+        start = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            sent = list(pool.map(labeller, range(clients), [url] * clients))
+        seconds = time.perf_counter() - start
+        progress = httpx.get(f"{url}api/progress").json()
+    acknowledged = [vote_id for ids in sent for vote_id in ids]
+    store = Store(db)
+    votes = store.votes()
+    assert len(acknowledged) == len(set(acknowledged)) == clients * votes_each
+    assert sorted(v.id for v in votes) == sorted(acknowledged)
+    assert Counter(v.task_id for v in votes) == dict.fromkeys(range(1, votes_each + 1), clients)
+    assert len({(v.task_id, v.labeller) for v in votes}) == len(votes)
+    assert progress["votes"] == len(votes) and progress["tasks_done"] == votes_each
+    records, summary = export_records(store.tasks(), votes, "all")
+    assert sorted(r["vote_ids"][0] for r in records) == sorted(acknowledged)
+    assert summary["records"] == clients * votes_each
+    requests = clients * (2 * votes_each + votes_each // 10 + 2)
+    print(
+        f"\nload: {clients} clients x {votes_each} votes = {len(votes)} votes "
+        f"({requests} requests) in {seconds:.1f} s: {len(votes) / seconds:.0f} votes/s"
+    )
