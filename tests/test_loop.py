@@ -131,6 +131,27 @@ def test_final_dir_and_checkpoint_files(tiny_model_dir, tiny_tokenizer, tmp_path
     assert (tmp_path / "curves.png").stat().st_size > 0
 
 
+def test_a_run_stopped_by_an_error_says_so_and_the_next_start_clears_it(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    broken = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=2)
+    compute_loss = broken.compute_loss
+
+    def fails_at_step_three(batch):
+        if broken.state.step == 3:
+            raise RuntimeError("the reward server went away")
+        return compute_loss(batch)
+
+    broken.compute_loss = fails_at_step_three
+    with pytest.raises(RuntimeError):
+        broken.train()
+    failure = json.loads((tmp_path / "failed.json").read_text())
+    assert failure == {"step": 3, "error": "RuntimeError: the reward server went away"}
+    resumed = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=2, resume=True)
+    assert resumed.train().complete and resumed.state.step == 6
+    assert not (tmp_path / "failed.json").exists()
+
+
 def test_complete_run_is_skipped_and_resume_false_starts_over(
     tiny_model_dir, tiny_tokenizer, tmp_path
 ):

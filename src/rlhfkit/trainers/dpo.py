@@ -43,6 +43,7 @@ from rlhfkit.data import (
     load_records,
 )
 from rlhfkit.models.loading import (
+    check_model_source,
     load_causal_lm,
     load_reference,
     load_tokenizer,
@@ -248,7 +249,14 @@ def load_pairs(
     config: DPOConfig, source: str, split: str, tokenizer: Any, limit: int | None
 ) -> list[DPOPair]:
     """Comparisons from ``source`` as tokenised `DPOPair`s (see `preference_pairs`)."""
-    records = load_records(source, "comparisons", split=split, columns=config.columns, limit=limit)
+    records = load_records(
+        source,
+        "comparisons",
+        split=split,
+        columns=config.columns,
+        limit=limit,
+        degenerate_comparisons=config.degenerate_comparisons,
+    )
     examples, _ = encode_comparisons(records, tokenizer, config.max_length)
     return preference_pairs(examples)
 
@@ -259,9 +267,9 @@ def run_dpo(config: DPOConfig) -> Path:
     if config.resume and ckpt.is_complete(config.output_dir):
         logger.info("%s is already complete; nothing to do", config.output_dir)
         return config.final_dir
-    set_seed(config.seed)
+    check_model_source(config.model)  # a look at the directory, before reading any data
     tokenizer = load_tokenizer(config.model)
-    model = load_causal_lm(config.model, tokenizer=tokenizer)
+    # The data first: a data error stops the run before any model is loaded.
     train = load_pairs(
         config, config.train_data, config.train_split, tokenizer, config.max_train_samples
     )
@@ -270,6 +278,8 @@ def run_dpo(config: DPOConfig) -> Path:
         evals = load_pairs(
             config, config.eval_data, config.eval_split, tokenizer, config.max_eval_samples
         )
+    set_seed(config.seed)
+    model = load_causal_lm(config.model, tokenizer=tokenizer)
     reference = None
     if config.reference:
         reference = load_reference(config.reference, tokenizer=tokenizer)

@@ -26,7 +26,8 @@ the model via `save_model` (`save_pretrained`, safetensors) with its tokenizer,
 (python, numpy, torch, CUDA generators and the trainer's own, `generators()`) and
 `trainer_state.json` (step, epoch, batch index, each learner's schedule, the config and the
 trainer's `extra_state()`). Nothing is pickled. Temporary directories a killed run left are
-removed when the next one starts. A finished run also
+removed when the next one starts; a run that stops on an error writes `failed.json` (its
+step and the error), which the next start removes. A finished run also
 writes `final/` (model + tokenizer + `trainer_state.json` with `"complete": true`); with
 `resume=True` a complete run is skipped. Evaluation runs with the random streams saved and
 restored around it, so `eval_every` never changes the training trajectory.
@@ -67,6 +68,7 @@ logger = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 CONFIG_FILE = "train_config.json"
+FAILED_FILE = "failed.json"  # written by a run that stopped on an error
 # What a person watches on an RL stage's progress bar (PPO, GRPO, RLOO): short name -> key.
 WATCH_RL = {"score": "train/score/mean", "kl": "train/kl/ref", "entropy": "train/policy/entropy"}
 Batch = dict[str, Any]
@@ -268,6 +270,13 @@ class Trainer:
         `stop_after`: make at most this many steps in this call, then write a checkpoint and
         return (a time-sliced job; the next `train()` resumes there).
         """
+        try:
+            return self._train(stop_after)
+        except Exception as error:
+            self._mark_failed(error)
+            raise
+
+    def _train(self, stop_after: int | None) -> TrainerState:
         if not self._prepared:
             self._prepared = True
             if self._prepare_run():
@@ -295,12 +304,20 @@ class Trainer:
             self.tracker.close()
         return self.state
 
+    def _mark_failed(self, error: Exception) -> None:
+        """Write `failed.json` (the step and the error) so that a directory of a run that
+        stopped on an error says so; the next start removes it."""
+        if self.accelerator.is_main_process and self.output_dir.is_dir():
+            failure = {"step": self.state.step, "error": f"{type(error).__name__}: {error}"}
+            ckpt.write_json(failure, self.output_dir / FAILED_FILE)
+
     def _prepare_run(self) -> bool:
         """Resume or clear `output_dir`; True if the run is already complete."""
         if self.accelerator.is_main_process:
             for stale in ckpt.stale_temporaries(self.output_dir):
                 logger.info("removing %s, left by an interrupted run", stale)
                 shutil.rmtree(stale, ignore_errors=True)
+            (self.output_dir / FAILED_FILE).unlink(missing_ok=True)
         if self.config.resume:
             if ckpt.is_complete(self.output_dir):
                 logger.info("%s holds a finished run; skipping", self.output_dir)
@@ -434,7 +451,7 @@ class Trainer:
     def load_model_weights(self, path: Path) -> None:
         """Load the weights a checkpoint holds into the model being trained (for resume)."""
         model = self.unwrapped_model
-        saved = type(model).from_pretrained(path)
+        saved = type(model).from_pretrained(path, use_safetensors=True)
         model.load_state_dict(saved.state_dict())
 
     def _state_json(self) -> dict[str, Any]:

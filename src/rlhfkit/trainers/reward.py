@@ -43,7 +43,7 @@ from rlhfkit.data import (
     load_records,
     ranked_scores,
 )
-from rlhfkit.models.loading import RewardModel, load_tokenizer
+from rlhfkit.models.loading import RewardModel, check_model_source, load_tokenizer
 from rlhfkit.ops.losses import pairwise_logexp_loss, pairwise_logsigmoid_loss, ranking_loss
 from rlhfkit.trainers.loop import Batch, Trainer
 
@@ -178,7 +178,14 @@ def load_preferences(
     source: str, tokenizer: Any, config: RewardConfig, split: str, limit: int | None
 ) -> list[PreferenceExample]:
     """Comparisons or rankings of `source`, tokenised (truncation is logged by `rlhfkit.data`)."""
-    records = load_records(source, "comparisons", split=split, columns=config.columns, limit=limit)
+    records = load_records(
+        source,
+        "comparisons",
+        split=split,
+        columns=config.columns,
+        limit=limit,
+        degenerate_comparisons=config.degenerate_comparisons,
+    )
     examples, _ = encode_comparisons(records, tokenizer, config.max_length)
     return examples
 
@@ -188,12 +195,9 @@ def run_reward(config: RewardConfig) -> Path:
     if config.resume and ckpt.is_complete(config.output_dir):
         logger.info("%s is already complete; nothing to do", config.output_dir)
         return config.final_dir
-    set_seed(config.seed)  # the new head's initial weights
+    check_model_source(config.model)  # a look at the directory, before reading any data
     tokenizer = load_tokenizer(config.model)
-    model = RewardModel.from_pretrained(config.model)
-    embeddings = model.backbone.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > embeddings:  # load_tokenizer added a pad token the backbone lacks
-        model.backbone.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    # The data first: a data error stops the run before any model is loaded.
     train = load_preferences(
         config.train_data, tokenizer, config, config.train_split, config.max_train_samples
     )
@@ -205,6 +209,11 @@ def run_reward(config: RewardConfig) -> Path:
     if config.normalize_data:
         records = load_records(config.normalize_data, "demonstrations", split=config.train_split)
         normalize, _ = encode_demonstrations(records, tokenizer, config.max_length)
+    set_seed(config.seed)  # the new head's initial weights
+    model = RewardModel.from_pretrained(config.model)
+    embeddings = model.backbone.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > embeddings:  # load_tokenizer added a pad token the backbone lacks
+        model.backbone.resize_token_embeddings(len(tokenizer), mean_resizing=True)
     trainer = RewardTrainer(
         config, model, tokenizer, train, evaluation, normalize_examples=normalize
     )

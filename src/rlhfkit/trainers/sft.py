@@ -30,7 +30,7 @@ from rlhfkit.data import (
     encode_demonstrations,
     load_records,
 )
-from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import check_model_source, load_causal_lm, load_tokenizer
 from rlhfkit.models.passes import labelled_logprobs
 from rlhfkit.ops.masks import masked_mean, masked_sum
 from rlhfkit.trainers.loop import Batch, Trainer
@@ -89,9 +89,9 @@ def run_sft(config: SFTConfig) -> Path:
     if config.resume and ckpt.is_complete(config.output_dir):
         logger.info("%s is already complete; nothing to do", config.output_dir)
         return config.final_dir
-    set_seed(config.seed)
+    check_model_source(config.model)  # a look at the directory, before reading any data
     tokenizer = load_tokenizer(config.model)
-    model = load_causal_lm(config.model, tokenizer=tokenizer)
+    # The data first: a data error stops the run before any model is loaded.
     train = load_demonstrations(
         config.train_data, tokenizer, config, config.train_split, config.max_train_samples
     )
@@ -100,5 +100,7 @@ def run_sft(config: SFTConfig) -> Path:
         evaluation = load_demonstrations(
             config.eval_data, tokenizer, config, config.eval_split, config.max_eval_samples
         )
+    set_seed(config.seed)
+    model = load_causal_lm(config.model, tokenizer=tokenizer)
     SFTTrainer(config, model, tokenizer, train, evaluation).train()
     return config.final_dir
