@@ -68,6 +68,22 @@ def _literal_choices(hint: Any) -> tuple | None:
     return None
 
 
+def checked_sampling(config: Any) -> SamplingConfig:
+    """The sampling settings of a command's config (its ``max_new_tokens``, ``temperature``,
+    ``top_k``, ``top_p`` and, where it has one, ``greedy``), checked by ``SamplingConfig``; an
+    error names the config and the field."""
+    try:
+        return SamplingConfig(
+            max_new_tokens=config.max_new_tokens,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            greedy=getattr(config, "greedy", False),
+        )
+    except ValueError as error:
+        raise ConfigError(f"{type(config).__name__}.{error}") from error
+
+
 @dataclass
 class TrainConfig:
     """Fields of the shared training loop: optimiser, schedule, batching, checkpoints, logging."""

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlhfkit.config import ConfigError
+from rlhfkit.config import ConfigError, checked_sampling
 from rlhfkit.data import Message, pad
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import parse_scorer
@@ -99,7 +99,7 @@ class ChatConfig:
 
     @property
     def sampling(self) -> SamplingConfig:
-        return _sampling_of(self)
+        return checked_sampling(self)
 
 
 def run_chat(config: ChatConfig) -> None:
@@ -149,7 +149,7 @@ class SampleConfig:
 
     @property
     def sampling(self) -> SamplingConfig:
-        return _sampling_of(self)
+        return checked_sampling(self)
 
 
 def run_sample(config: SampleConfig) -> None:
@@ -176,17 +176,3 @@ def run_sample(config: SampleConfig) -> None:
         print(
             f"{shown}{terminal_text(prompt, one_line=True)} |{terminal_text(text, one_line=True)}"
         )
-
-
-def _sampling_of(config: ChatConfig | SampleConfig) -> SamplingConfig:
-    """The sampling settings of a terminal command, checked; errors name the config field."""
-    try:
-        return SamplingConfig(
-            max_new_tokens=config.max_new_tokens,
-            temperature=config.temperature,
-            top_k=config.top_k,
-            top_p=config.top_p,
-            greedy=config.greedy,
-        )
-    except ValueError as error:
-        raise ConfigError(f"{type(config).__name__}.{error}") from error

@@ -22,7 +22,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.config import DEMO_DATA, ConfigError, require
+from rlhfkit.config import DEMO_DATA, checked_sampling, require
 from rlhfkit.data import DataError, Prompt, PromptRecord, load_records
 
 # The row validation of rlhfkit.data, for a record kind it has no name for (a prompt with
@@ -99,15 +99,7 @@ class PrepareConfig:
     @property
     def sampling(self) -> SamplingConfig:
         """The sampling settings, checked; an error names the config field."""
-        try:
-            return SamplingConfig(
-                max_new_tokens=self.max_new_tokens,
-                temperature=self.temperature,
-                top_k=self.top_k,
-                top_p=self.top_p,
-            )
-        except ValueError as error:
-            raise ConfigError(f"PrepareConfig.{error}") from error
+        return checked_sampling(self)
 
 
 # ------------------------------------------------------------------------ from a file

@@ -39,8 +39,6 @@ from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import (
     PairCollator,
     PreferenceExample,
-    encode_comparisons,
-    load_records,
 )
 from rlhfkit.models.loading import (
     check_model_source,
@@ -54,6 +52,7 @@ from rlhfkit.ops.masks import masked_mean, masked_sum
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.loop import Batch, epoch_order
 from rlhfkit.trainers.policy import PolicyTrainer
+from rlhfkit.trainers.reward import load_preferences
 
 logger = logging.getLogger(__name__)
 
@@ -249,15 +248,7 @@ def load_pairs(
     config: DPOConfig, source: str, split: str, tokenizer: Any, limit: int | None
 ) -> list[DPOPair]:
     """Comparisons from ``source`` as tokenised `DPOPair`s (see `preference_pairs`)."""
-    records = load_records(
-        source,
-        "comparisons",
-        split=split,
-        columns=config.columns,
-        limit=limit,
-        degenerate_comparisons=config.degenerate_comparisons,
-    )
-    examples, _ = encode_comparisons(records, tokenizer, config.max_length)
+    examples = load_preferences(source, tokenizer, config, split, limit)
     return preference_pairs(examples)
 
 

@@ -32,7 +32,7 @@ import torch
 from accelerate.utils import set_seed
 
 from rlhfkit import checkpoint as ckpt
-from rlhfkit.config import RewardConfig
+from rlhfkit.config import DataOptions, RewardConfig
 from rlhfkit.data import (
     PairCollator,
     PreferenceExample,
@@ -175,9 +175,10 @@ class RewardTrainer(Trainer):
 
 
 def load_preferences(
-    source: str, tokenizer: Any, config: RewardConfig, split: str, limit: int | None
+    source: str, tokenizer: Any, config: DataOptions, split: str, limit: int | None
 ) -> list[PreferenceExample]:
-    """Comparisons or rankings of `source`, tokenised (truncation is logged by `rlhfkit.data`)."""
+    """Comparisons or rankings of `source`, tokenised (truncation is logged by `rlhfkit.data`);
+    the reward model's and DPO's data alike."""
     records = load_records(
         source,
         "comparisons",
