@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 
 from rlhfkit.data import (
     IGNORE_INDEX,
+    Candidates,
     Comparison,
     DataError,
     Demonstration,
@@ -419,3 +420,24 @@ def test_pad_hand_example_and_errors():
         pad([[1], [2.0]], 0)
     with pytest.raises(ValueError, match="at least one"):
         pad([], 0)
+
+
+def test_candidates_are_a_prompt_with_responses_not_yet_compared(tmp_path):
+    rows = [{"prompt": "The cat", "responses": [" sat.", " ran.", " slept."]}]
+    assert load_records(write_jsonl(tmp_path / "c.jsonl", rows), "candidates") == [
+        Candidates("The cat", [" sat.", " ran.", " slept."])
+    ]
+    bad = write_jsonl(tmp_path / "bad.jsonl", [*rows, {"prompt": "p", "responses": ["one"]}])
+    with pytest.raises(DataError, match="line 2: field 'responses' must hold at least 2"):
+        load_records(bad, "candidates")
+
+
+def test_a_lone_surrogate_is_refused_with_its_place(tmp_path):
+    # json.dumps writes the lone surrogate as the escape \ud800, which json.loads accepts.
+    rows = [DEMO_ROWS[0], {"prompt": "Hi", "response": "a\ud800b"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(DataError, match="line 2: field 'response' holds a lone surrogate"):
+        load_records(path, "demonstrations")
+    chat = [{"prompt": [{"role": "user", "content": "x\udc00"}], "response": "ok"}]
+    with pytest.raises(DataError, match="line 1: field 'prompt' item 0 holds a lone surrogate"):
+        load_records(write_jsonl(tmp_path / "m.jsonl", chat), "demonstrations")

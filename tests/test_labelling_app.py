@@ -256,8 +256,14 @@ def test_prepare_from_a_file_then_export(tmp_path, capsys):
     [
         ({"responses": ["x", "y"]}, "line 2: field 'prompt' is missing"),
         ({"prompt": "p"}, "line 2: field 'responses' is missing"),
-        ({"prompt": "p", "responses": ["only one"]}, "line 2: field 'responses' must hold K >= 2"),
-        ({"prompt": "p", "responses": "x"}, "line 2: field 'responses' must be a list of K >= 2"),
+        (
+            {"prompt": "p", "responses": ["only one"]},
+            "line 2: field 'responses' must hold at least 2 responses, got 1",
+        ),
+        (
+            {"prompt": "p", "responses": "x"},
+            "line 2: field 'responses' must be a list of at least 2 strings, got 'x'",
+        ),
         ({"prompt": "p", "responses": ["x", " "]}, "line 2: field 'responses' item 1 must be a"),
         ({"prompt": "p", "responses": ["x", 3]}, "line 2: field 'responses' item 1 must be a"),
         ({"prompt": "", "responses": ["x", "y"]}, "line 2: field 'prompt' must be a non-empty"),

@@ -48,6 +48,7 @@ from rlhfkit.data.encode import (
 from rlhfkit.data.records import (
     FIELDS,
     KINDS,
+    Candidates,
     Comparison,
     DataError,
     Demonstration,
@@ -63,6 +64,7 @@ __all__ = [
     "FIELDS",
     "IGNORE_INDEX",
     "KINDS",
+    "Candidates",
     "Comparison",
     "DataError",
     "Demonstration",

@@ -1,7 +1,7 @@
 """Records: the dataclasses each kind of data becomes, and the validation of raw rows.
 
 A raw row (a mapping from any source, see `sources`) is parsed by kind ("prompts",
-"demonstrations", "comparisons") into one record. A bad row raises `DataError` naming where
+"demonstrations", "comparisons", "candidates") into one record. A bad row raises `DataError` naming where
 it came from (file and 1-based line, or 0-based row), the field and what was expected.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from rlhfkit.errors import UsageError
 
-KINDS = ("prompts", "demonstrations", "comparisons")
+KINDS = ("prompts", "demonstrations", "comparisons", "candidates")
 FIELDS = ("prompt", "response", "chosen", "rejected", "responses", "ranking", "messages")
 Message = dict[str, str]
 Prompt = str | list[Message]
@@ -54,6 +54,14 @@ class Comparison:
 
 
 @dataclass(frozen=True)
+class Candidates:
+    """A prompt with K >= 2 responses not yet compared (what people label, `rlhfkit label`)."""
+
+    prompt: Prompt
+    responses: list[str]
+
+
+@dataclass(frozen=True)
 class Ranking:
     """A prompt with K >= 2 responses; `ranking` lists response indices best first."""
 
@@ -66,7 +74,7 @@ class Ranking:
         return [self.responses[i] for i in self.ranking]
 
 
-Record = PromptRecord | Demonstration | Comparison | Ranking
+Record = PromptRecord | Demonstration | Comparison | Ranking | Candidates
 
 
 def identical_responses(record: Record) -> bool:
@@ -120,7 +128,17 @@ def _text(
 ) -> str:
     if not (isinstance(value, str) and value.strip()):
         raise row.error(name, f"{item}must be {what}, got {_got(value)}")
+    _check_utf8(row, name, value, item)
     return value
+
+
+def _check_utf8(row: _Row, name: str, value: str, item: str = "") -> None:
+    """A lone surrogate (legal in a JSON escape) is no character: no UTF-8 file, tokenizer or
+    database can hold it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise row.error(name, f"{item}holds a lone surrogate, got {_got(value)}") from None
 
 
 def _messages(row: _Row, name: str, value: Any) -> list[Message]:
@@ -135,6 +153,7 @@ def _messages(row: _Row, name: str, value: Any) -> list[Message]:
             raise row.error(
                 name, f"item {i} must be {{'role': str, 'content': str}}, got {_got(m)}"
             )
+        _check_utf8(row, name, m["content"], f"item {i} ")
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
@@ -191,11 +210,21 @@ def _implicit_prompt(row: _Row) -> tuple[Prompt, str, str]:
     return chosen[:cut], _text(row, "chosen", chosen[cut:]), _text(row, "rejected", rejected[cut:])
 
 
-def _ranking(row: _Row) -> Ranking:
-    prompt, responses = _prompt(row), row.get("responses")
-    if not (isinstance(responses, list) and len(responses) >= 2):
+def _responses(row: _Row) -> list[str]:
+    responses = row.get("responses")
+    if not isinstance(responses, list):
         raise row.error("responses", f"must be a list of at least 2 strings, got {_got(responses)}")
-    texts = [_text(row, "responses", r, item=f"item {i} ") for i, r in enumerate(responses)]
+    if len(responses) < 2:
+        raise row.error("responses", f"must hold at least 2 responses, got {len(responses)}")
+    return [_text(row, "responses", r, item=f"item {i} ") for i, r in enumerate(responses)]
+
+
+def _parse_candidates(row: _Row) -> Candidates:
+    return Candidates(_prompt(row), _responses(row))
+
+
+def _ranking(row: _Row) -> Ranking:
+    prompt, texts = _prompt(row), _responses(row)
     order = row.get("ranking")
     if not (
         isinstance(order, list)
@@ -243,4 +272,5 @@ _PARSERS: dict[str, Callable[[_Row], Record]] = {
     "prompts": _parse_prompt,
     "demonstrations": _parse_demonstration,
     "comparisons": _parse_comparison,
+    "candidates": _parse_candidates,
 }

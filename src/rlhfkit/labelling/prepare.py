@@ -16,9 +16,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +25,6 @@ from rlhfkit.data import DataError, Prompt, PromptRecord, load_records
 
 # The row validation of rlhfkit.data, for a record kind it has no name for (a prompt with
 # unranked responses): the same checks and the same file/line/field messages as its own kinds.
-from rlhfkit.data.records import _got, _prompt, _Row, _text
-from rlhfkit.data.sources import _as_row, _source_rows
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.labelling.store import Store
 
@@ -103,39 +99,13 @@ class PrepareConfig:
 
 
 # ------------------------------------------------------------------------ from a file
-def _utf8(row: _Row, name: str, value: Any) -> None:
-    """SQLite stores UTF-8: a lone surrogate (legal in JSON escapes) cannot be stored."""
-    texts = [value] if isinstance(value, str) else value
-    for text in texts:
-        parts = text.values() if isinstance(text, Mapping) else [text]
-        for part in parts:
-            try:
-                part.encode("utf-8")
-            except UnicodeEncodeError:
-                raise row.error(name, f"holds a lone surrogate, got {_got(part)}") from None
-
-
-def parse_task(row: _Row) -> TaskInput:
-    """A `prompt` and its `responses` (K >= 2 non-empty strings) from one raw record."""
-    prompt = _prompt(row)
-    responses = row.get("responses")
-    if not isinstance(responses, list):
-        raise row.error("responses", f"must be a list of K >= 2 responses, got {_got(responses)}")
-    if len(responses) < 2:
-        raise row.error("responses", f"must hold K >= 2 responses, got {len(responses)}")
-    texts = [_text(row, "responses", r, item=f"item {i} ") for i, r in enumerate(responses)]
-    _utf8(row, "prompt", prompt)
-    _utf8(row, "responses", texts)
-    return prompt, texts
-
-
 def read_tasks(source: str, split: str = "train", limit: int | None = None) -> list[TaskInput]:
-    """Every task of a file (or folder, or dataset) of prompt + responses records."""
-    rows = islice(_source_rows(source, split), limit)
-    tasks = [parse_task(_as_row(where, data, {})) for where, data in rows]
-    if not tasks:
+    """Every task of a file (or folder, or dataset) of prompt + responses records
+    (``data``'s "candidates": a bad record names its file, line and field)."""
+    records = load_records(source, "candidates", split=split, limit=limit)
+    if not records:
         raise DataError(f"{source}: no records")
-    return tasks
+    return [(record.prompt, record.responses) for record in records]
 
 
 # --------------------------------------------------------------------- from models
