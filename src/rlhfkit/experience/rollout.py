@@ -20,6 +20,7 @@ are in ``models/passes.py``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,7 +148,7 @@ class RolloutModels:
     reference: nn.Module | None
     critic: nn.Module | None
 
-    @property
+    @functools.cached_property
     def packed(self) -> bool:
         """Whether every model takes packed inputs (``packing.enable_packing``), so that the
         passes over query + response run on the real tokens only."""

@@ -16,7 +16,7 @@ with the model's own eager or SDPA attention, so it runs on a CPU and needs no e
 
 How it reaches the model: ``enable_packing`` switches a model's attention implementation to
 ``rlhfkit_packed_eager`` or ``rlhfkit_packed_sdpa``, registered with transformers'
-``AttentionInterface``. A call without ``packed_rows`` (generation, a padded batch) goes to
+``AttentionInterface`` when the first model is packed (``register_kernels``). A call without ``packed_rows`` (generation, a padded batch) goes to
 the model's own kernel unchanged; a call with it (``PackedRows.inputs``) is unpacked around
 that kernel. Only model types whose attention is plain causal self-attention over
 ``position_ids`` are switched (``PACKABLE_MODEL_TYPES``); others stay padded.
@@ -176,11 +176,13 @@ def packed_attention(
     return rows.pack_heads(output), None
 
 
-for _kernel_name in KERNELS:
-    AttentionInterface.register(PREFIX + _kernel_name, packed_attention)
-    AttentionMaskInterface.register(
-        PREFIX + _kernel_name, ALL_MASK_ATTENTION_FUNCTIONS[_kernel_name]
-    )
+@functools.cache
+def register_kernels() -> None:
+    """Register the packed kernels with transformers (its registry is process-wide), once, when
+    the first model is packed: importing this module changes nothing."""
+    for kernel in KERNELS:
+        AttentionInterface.register(PREFIX + kernel, packed_attention)
+        AttentionMaskInterface.register(PREFIX + kernel, ALL_MASK_ATTENTION_FUNCTIONS[kernel])
 
 
 def transformer_models(model: nn.Module) -> list[PreTrainedModel]:
@@ -209,6 +211,7 @@ def enable_packing(model: nn.Module) -> bool:
     inner = transformer_models(model)
     if not inner or not all(_packable(m) for m in inner):
         return False
+    register_kernels()
     for m in inner:
         m.set_attn_implementation(PREFIX + own_kernel(m.config))
     return True

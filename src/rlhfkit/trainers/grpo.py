@@ -250,12 +250,8 @@ def run_grpo(config: GRPOConfig) -> Path:
     if config.resume and ckpt.is_complete(config.output_dir):
         logger.info("%s is already complete; nothing to do", config.output_dir)
         return config.final_dir
-    set_seed(config.seed)
     tokenizer = load_tokenizer(config.model)
-    model = load_causal_lm(config.model, tokenizer=tokenizer)
-    reference = None
-    if config.reference and config.beta > 0:
-        reference = load_causal_lm(config.reference, tokenizer=tokenizer)
+    # The data first: a data error stops the run before any model is loaded.
     length = config.max_prompt_length
     prompts = load_prompts(
         config.train_data, config.train_split, tokenizer, length, config.max_train_samples
@@ -265,6 +261,11 @@ def run_grpo(config: GRPOConfig) -> Path:
         eval_prompts = load_prompts(
             config.eval_data, config.eval_split, tokenizer, length, config.max_eval_samples
         )
+    set_seed(config.seed)
+    model = load_causal_lm(config.model, tokenizer=tokenizer)
+    reference = None
+    if config.reference and config.beta > 0:
+        reference = load_causal_lm(config.reference, tokenizer=tokenizer)
     scorer = build_scorer(config.reward_model, config.reward_functions, config.reward_weights)
     trainer = GRPOTrainer(
         config, model, tokenizer, prompts, scorer, eval_prompts, reference=reference

@@ -343,15 +343,9 @@ class PPOTrainer(Trainer):
     # ----------------------------------------------------------------- from a config
     @classmethod
     def from_config(cls, config: PPOConfig) -> PPOTrainer:
-        """Load tokenizer, models, scorer and data as ``config`` says."""
-        set_seed(config.seed)
+        """Load tokenizer, data, models and scorer as ``config`` says (the data first: a data
+        error stops the run before any model is loaded)."""
         tokenizer = load_tokenizer(config.model, padding_side="left")
-        critic = None
-        if config.critic == "separate":
-            critic = config.critic_model or config.reward_model or config.model
-        models = load_rollout_models(
-            config.model, tokenizer, critic=critic, lora=config.lora_settings
-        )
         prompts = load_prompts(
             config.train_data, config.train_split, tokenizer, config.max_prompt_length, None
         )
@@ -366,6 +360,13 @@ class PPOTrainer(Trainer):
         if config.ptx_coef > 0:
             demos = load_records(config.ptx_data, "demonstrations")
             ptx, _ = encode_demonstrations(demos, tokenizer, config.ptx_max_length)
+        set_seed(config.seed)  # a value head's initial weights
+        critic = None
+        if config.critic == "separate":
+            critic = config.critic_model or config.reward_model or config.model
+        models = load_rollout_models(
+            config.model, tokenizer, critic=critic, lora=config.lora_settings
+        )
         scorer = build_scorer(config.reward_model, config.reward_functions, config.reward_weights)
         return cls(
             config,
