@@ -232,6 +232,32 @@ def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_p
     assert any(not torch.equal(v, 0 * v) for k, v in after.items() if "lora_B" in k)
 
 
+def test_a_lora_run_writes_plain_models_that_stock_transformers_load(tiny_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.models.lora import merge_lora
+
+    policy = add_lora(tiny_lm(tiny_tokenizer), r=4, alpha=8)
+    critic = add_lora(ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer), r=4, alpha=8)
+    trainer = PPOTrainer(
+        _config(tmp_path, lora=True, max_steps=1),
+        policy,
+        tiny_tokenizer,
+        tiny_prompts(tiny_tokenizer),
+        TargetFraction(),
+        critic=critic,
+    )
+    trainer.train()
+    final = tmp_path / "run" / "final"
+    loaded = AutoModelForCausalLM.from_pretrained(final)  # a plain model: no adapter files
+    assert not (final / "adapter_config.json").exists()
+    ids = torch.tensor([tiny_tokenizer("Number 1. The cat")["input_ids"]])
+    trained = merge_lora(policy).eval()  # the live model, adapters folded in, for comparison
+    torch.testing.assert_close(loaded(ids).logits, trained(ids).logits, atol=1e-5, rtol=0)
+    plain_critic = ValueModel.from_pretrained(final / "critic")
+    assert not any("lora_" in name for name in plain_critic.state_dict())
+
+
 def test_value_head_critic_and_ptx_term(tiny_tokenizer, tmp_path):
     policy = ValueHeadLM(tiny_lm(tiny_tokenizer))
     ids = tiny_tokenizer("Number 1. The cat sees a red ball.")["input_ids"]

@@ -8,6 +8,7 @@ as in TRL's peft path, never a second copy in memory.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -94,3 +95,10 @@ def merge_lora(model: nn.Module) -> nn.Module:
         return merged
     model.backbone = merged
     return model
+
+
+def merged_copy(model: nn.Module) -> nn.Module:
+    """What a finished run saves: a copy of ``model`` with its adapters folded into the base
+    weights (stock transformers loads it as a plain model), or ``model`` itself without LoRA.
+    The live model keeps its trained adapter."""
+    return merge_lora(copy.deepcopy(model)) if _peft_part(model) is not None else model

@@ -21,7 +21,7 @@ from torch import nn
 
 from rlhfkit.config import TrainConfig
 from rlhfkit.models.loading import disable_dropout, freeze
-from rlhfkit.models.lora import add_lora, merge_lora, reference_mode
+from rlhfkit.models.lora import add_lora, merged_copy, reference_mode
 from rlhfkit.runtime.machine import prepare_model
 from rlhfkit.trainers.loop import Batch, Trainer
 
@@ -80,8 +80,7 @@ class PolicyTrainer(Trainer):
         if not self.config.lora:
             super().save_model(path)
             return
-        # Merge a copy: the trained adapter stays as it is in the live model.
-        merge_lora(copy.deepcopy(self.unwrapped_model)).save_pretrained(path)
+        merged_copy(self.unwrapped_model).save_pretrained(path)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(path)
 

@@ -53,6 +53,7 @@ from rlhfkit.experience.rollout import (
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import Scorer, as_scorer
 from rlhfkit.models.loading import disable_dropout, freeze, load_tokenizer
+from rlhfkit.models.lora import merged_copy
 from rlhfkit.models.passes import (
     ValueHeadLM,
     causal_lm,
@@ -330,13 +331,14 @@ class PPOTrainer(Trainer):
                     param.copy_(weights[name])
 
     def save_model(self, path: Path) -> None:
-        """The policy with the tokenizer in ``path`` (with LoRA: the adapter, which
-        ``from_pretrained`` loads onto its base), the critic in ``path/critic`` (or the value
-        head in ``path/value_head.safetensors``)."""
-        causal_lm(self.policy).save_pretrained(path)
+        """The policy with the tokenizer in ``path``, the critic in ``path/critic`` (or the
+        value head in ``path/value_head.safetensors``). With LoRA both are merged copies, so
+        ``eval``, ``chat``, the next stage and stock transformers load them as plain models
+        (with the tokenizer's added pad token, if any, in the saved vocabulary)."""
+        merged_copy(causal_lm(self.policy)).save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         if self.critic is not None:
-            self.critic.save_pretrained(path / "critic")
+            merged_copy(self.critic).save_pretrained(path / "critic")
         else:
             ckpt.save_state(self.policy.value_head.state_dict(), path / "value_head.safetensors")
 
