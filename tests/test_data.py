@@ -297,6 +297,24 @@ def test_chat_template_is_applied_and_eos_is_not_doubled(tiny_tokenizer_dir):
     assert tok.decode(query) == "<user>Hi there\n<assistant>"
 
 
+def test_plain_string_prompts_go_through_the_template_unless_asked_not_to(tiny_tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)  # a copy: the fixture is shared
+    tok.chat_template = TEMPLATE
+    plain = [PromptRecord("Hi there")]
+    (query,), _ = encode_prompts(plain, tok, max_prompt_length=64)
+    assert tok.decode(query) == "<user>Hi there\n<assistant>"
+    (raw,), _ = encode_prompts(plain, tok, max_prompt_length=64, chat_template=False)
+    assert raw == ids(tok, "Hi there")
+    demo = Demonstration("Hi there", "Hello.")
+    (example,), _ = encode_demonstrations([demo], tok, max_length=64)
+    assert tok.decode(example.input_ids) == "<user>Hi there\n<assistant>Hello.<|endoftext|>"
+    (pair,), _ = encode_comparisons([Comparison("Hi there", "Hello.", "Go.")], tok, 64)
+    assert tok.decode(pair.prompt_ids) == "<user>Hi there\n<assistant>"
+    # Without a template a plain string stays raw text, as the bundled model was trained.
+    (bare,), _ = encode_prompts(plain, AutoTokenizer.from_pretrained(tiny_tokenizer_dir), 64)
+    assert bare == raw
+
+
 def test_prompt_collation_is_left_padded(tiny_tokenizer):
     tok = tiny_tokenizer
     records = [PromptRecord("The cat likes a red ball today."), PromptRecord("We")]

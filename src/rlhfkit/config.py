@@ -143,6 +143,10 @@ class TrainConfig:
     sequences: benchmarks/bench_ppo.py) and keeps the model's own otherwise."""
     tensorboard: bool = True
     """Write TensorBoard events (metrics.jsonl is always written)."""
+    chat_template: bool = True
+    """Give plain-string prompts to a tokenizer that has a chat template as one user message
+    through that template (what an instruct model was trained on); False keeps them raw text.
+    Chat messages always go through the template; without one nothing changes."""
 
     def __post_init__(self) -> None:
         _check_literals(self)

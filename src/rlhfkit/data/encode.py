@@ -3,7 +3,9 @@
 Chat records keep their messages until tokenisation. With a tokenizer chat template the prompt
 is `apply_chat_template(prompt, add_generation_prompt=True)` and the response is what the
 template adds for the assistant's answer. Without one, roles are rendered plainly:
-"User: hi\\nAssistant:" then " hello" + EOS.
+"User: hi\\nAssistant:" then " hello" + EOS. A plain-string prompt is one user message to a
+tokenizer with a template (an instruct model answers it as it was trained to), unless
+`chat_template=False` asks for the raw text; without a template it is the raw text.
 
 Truncation (at tokenisation only; `pad` never cuts): when prompt + response exceeds
 `max_length`, the prompt keeps its end (the text next to the response) and the response its
@@ -114,11 +116,16 @@ def _template_answer(tokenizer: Any, messages: list[Message], head: str, answer:
     return full[len(head) :]
 
 
-def _render(prompt: Prompt, responses: list[str], tokenizer: Any) -> tuple[str, bool, list[str]]:
+def _render(
+    prompt: Prompt, responses: list[str], tokenizer: Any, chat_template: bool
+) -> tuple[str, bool, list[str]]:
     """Prompt text, whether the tokenizer adds its special tokens (BOS) to it, response texts."""
+    templated = bool(getattr(tokenizer, "chat_template", None))
     if isinstance(prompt, str):
-        return prompt, True, responses
-    if not getattr(tokenizer, "chat_template", None):
+        if not (chat_template and templated):
+            return prompt, True, responses
+        prompt = [{"role": "user", "content": prompt}]
+    if not templated:
         lines = [f"{m['role'].capitalize()}: {m['content']}" for m in prompt]
         return "\n".join([*lines, "Assistant:"]), True, [" " + r for r in responses]
     head = _template(tokenizer, prompt, True)  # the template writes its own BOS
@@ -148,11 +155,13 @@ def _with_eos(ids: list[int], eos_id: int) -> list[int]:
 
 
 def _encode(
-    prompts: list[Prompt], responses: list[list[str]], tokenizer: Any
+    prompts: list[Prompt], responses: list[list[str]], tokenizer: Any, chat_template: bool
 ) -> list[tuple[list[int], list[list[int]]]]:
     """Token ids of each prompt and of its responses (each ending with EOS)."""
     eos_id = _eos_id(tokenizer)
-    rendered = [_render(p, rs, tokenizer) for p, rs in zip(prompts, responses, strict=True)]
+    rendered = [
+        _render(p, rs, tokenizer, chat_template) for p, rs in zip(prompts, responses, strict=True)
+    ]
     prompt_ids = _encode_prompt_texts(tokenizer, [(text, special) for text, special, _ in rendered])
     flat = iter(_token_ids(tokenizer, [t for _, _, texts in rendered for t in texts], False))
     return [
@@ -182,17 +191,23 @@ def _log(name: str, report: TruncationReport) -> None:
 
 
 def encode_prompts(
-    records: Sequence[Record], tokenizer: Any, max_prompt_length: int, keep: str = "end"
+    records: Sequence[Record],
+    tokenizer: Any,
+    max_prompt_length: int,
+    keep: str = "end",
+    *,
+    chat_template: bool = True,
 ) -> tuple[list[list[int]], TruncationReport]:
     """Prompt ids of each record, at most `max_prompt_length` of them.
 
     `keep="end"` cuts from the left, keeping the text next to the response (chat, questions);
     `keep="start"` keeps the opening of a text to be continued (TRL's IMDb sentiment task).
+    `chat_template`: see the module docstring.
     """
     _check_length("max_prompt_length", max_prompt_length, 1)
     if keep not in ("end", "start"):
         raise ValueError(f"keep={keep!r}: expected 'end' or 'start'")
-    texts = [_render(r.prompt, [], tokenizer)[:2] for r in records]
+    texts = [_render(r.prompt, [], tokenizer, chat_template)[:2] for r in records]
     report, prompts = TruncationReport(records=len(records)), []
     for ids in _encode_prompt_texts(tokenizer, texts):
         report.count(len(ids), min(len(ids), max_prompt_length), prompt=True)
@@ -204,11 +219,16 @@ def encode_prompts(
 
 
 def encode_demonstrations(
-    records: Sequence[Demonstration], tokenizer: Any, max_length: int
+    records: Sequence[Demonstration],
+    tokenizer: Any,
+    max_length: int,
+    *,
+    chat_template: bool = True,
 ) -> tuple[list[SFTExample], TruncationReport]:
     """SFT examples: prompt + response + EOS, loss only on the response (InstructGPT step 1)."""
     _check_length("max_length", max_length, 2)
-    encoded = _encode([r.prompt for r in records], [[r.response] for r in records], tokenizer)
+    prompts, responses = [r.prompt for r in records], [[r.response] for r in records]
+    encoded = _encode(prompts, responses, tokenizer, chat_template)
     report, examples = TruncationReport(), []
     for prompt, responses in encoded:
         prompt, (response,) = _truncate(prompt, responses, max_length, report)
@@ -220,11 +240,16 @@ def encode_demonstrations(
 
 
 def encode_comparisons(
-    records: Sequence[Comparison | Ranking], tokenizer: Any, max_length: int
+    records: Sequence[Comparison | Ranking],
+    tokenizer: Any,
+    max_length: int,
+    *,
+    chat_template: bool = True,
 ) -> tuple[list[PreferenceExample], TruncationReport]:
     """Prompt ids and best-first response ids per comparison or ranking (reward model, DPO)."""
     _check_length("max_length", max_length, 2)
-    encoded = _encode([r.prompt for r in records], [r.best_first for r in records], tokenizer)
+    prompts, responses = [r.prompt for r in records], [r.best_first for r in records]
+    encoded = _encode(prompts, responses, tokenizer, chat_template)
     report = TruncationReport()
     examples = [PreferenceExample(*_truncate(p, rs, max_length, report)) for p, rs in encoded]
     longest = max((len(e.prompt_ids) + len(r) for e in examples for r in e.response_ids), default=0)
@@ -234,10 +259,16 @@ def encode_comparisons(
 
 
 def load_prompts(
-    source: str, split: str, tokenizer: Any, max_prompt_length: int, limit: int | None
+    source: str,
+    split: str,
+    tokenizer: Any,
+    max_prompt_length: int,
+    limit: int | None,
+    *,
+    chat_template: bool = True,
 ) -> list[list[int]]:
     """Prompt token ids of the first ``limit`` records of ``source`` (all for None), each
     left-truncated to ``max_prompt_length`` (``encode_prompts``)."""
     records = load_records(source, "prompts", split=split, limit=limit)
-    prompts, _ = encode_prompts(records, tokenizer, max_prompt_length)
+    prompts, _ = encode_prompts(records, tokenizer, max_prompt_length, chat_template=chat_template)
     return prompts

@@ -64,6 +64,9 @@ class EvalConfig:
     """Best-of-n samples max(best_of_n) responses for each of the first this many prompts."""
     max_prompt_length: int = 64
     """Prompts longer than this many tokens keep their last tokens."""
+    chat_template: bool = True
+    """Give plain-string prompts to a tokenizer that has a chat template as one user message
+    through it, as the training stages do (`chat_template` there); False keeps raw text."""
     max_new_tokens: int = 24
     """Most tokens per response."""
     temperature: float = 1.0
@@ -149,7 +152,9 @@ class _Setup:
             config.prompts, "prompts", split=config.split, limit=config.max_prompts
         )
         tokenizer = load_tokenizer(config.reference, padding_side="left")
-        prompts, _ = encode_prompts(records, tokenizer, config.max_prompt_length)
+        prompts, _ = encode_prompts(
+            records, tokenizer, config.max_prompt_length, chat_template=config.chat_template
+        )
         rm = None
         if config.reward_model is not None:
             rm = load_reward_model(config.reward_model, tokenizer).to(device)

@@ -177,6 +177,7 @@ def _eval_config(
         split="test",
         max_new_tokens=ppo.max_new_tokens,
         temperature=ppo.temperature,
+        chat_template=ppo.chat_template,
         output=str(config.run_dir / "eval.json"),
         seed=config.seed,
     )

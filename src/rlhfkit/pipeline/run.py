@@ -102,7 +102,12 @@ class PPOEvalPoints:
 
         ev, ppo = stages.eval, stages.ppo
         records = load_records(ev.prompts, "prompts", split=ev.split, limit=config.ppo_eval_prompts)
-        self.prompts, _ = encode_prompts(records, trainer.tokenizer, ev.max_prompt_length)
+        self.prompts, _ = encode_prompts(
+            records,
+            trainer.tokenizer,
+            ev.max_prompt_length,
+            chat_template=trainer.config.chat_template,
+        )
         self.sampling = SamplingConfig(ppo.max_new_tokens, ppo.temperature)
         self.trainer, self.gold, self.eval = trainer, gold_scorer(config.task), ev
         self.dir = config.run_dir / PPO_EVAL_DIR

@@ -253,13 +253,24 @@ def run_grpo(config: GRPOConfig) -> Path:
     tokenizer = load_tokenizer(config.model)
     # The data first: a data error stops the run before any model is loaded.
     length = config.max_prompt_length
+    template = config.chat_template
     prompts = load_prompts(
-        config.train_data, config.train_split, tokenizer, length, config.max_train_samples
+        config.train_data,
+        config.train_split,
+        tokenizer,
+        length,
+        config.max_train_samples,
+        chat_template=template,
     )
     eval_prompts: list[list[int]] = []
     if config.eval_data:
         eval_prompts = load_prompts(
-            config.eval_data, config.eval_split, tokenizer, length, config.max_eval_samples
+            config.eval_data,
+            config.eval_split,
+            tokenizer,
+            length,
+            config.max_eval_samples,
+            chat_template=template,
         )
     set_seed(config.seed)
     model = load_causal_lm(config.model, tokenizer=tokenizer)

@@ -348,8 +348,14 @@ class PPOTrainer(Trainer):
         """Load tokenizer, data, models and scorer as ``config`` says (the data first: a data
         error stops the run before any model is loaded)."""
         tokenizer = load_tokenizer(config.model, padding_side="left")
+        template = config.chat_template
         prompts = load_prompts(
-            config.train_data, config.train_split, tokenizer, config.max_prompt_length, None
+            config.train_data,
+            config.train_split,
+            tokenizer,
+            config.max_prompt_length,
+            None,
+            chat_template=template,
         )
         eval_prompts = config.eval_data and load_prompts(
             config.eval_data,
@@ -357,11 +363,14 @@ class PPOTrainer(Trainer):
             tokenizer,
             config.max_prompt_length,
             config.max_eval_samples,
+            chat_template=template,
         )
         ptx = None
         if config.ptx_coef > 0:
             demos = load_records(config.ptx_data, "demonstrations")
-            ptx, _ = encode_demonstrations(demos, tokenizer, config.ptx_max_length)
+            ptx, _ = encode_demonstrations(
+                demos, tokenizer, config.ptx_max_length, chat_template=template
+            )
         set_seed(config.seed)  # a value head's initial weights
         critic = None
         if config.critic == "separate":

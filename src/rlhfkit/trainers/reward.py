@@ -32,7 +32,7 @@ import torch
 from accelerate.utils import set_seed
 
 from rlhfkit import checkpoint as ckpt
-from rlhfkit.config import DataOptions, RewardConfig
+from rlhfkit.config import RewardConfig, TrainConfig
 from rlhfkit.data import (
     PairCollator,
     PreferenceExample,
@@ -175,7 +175,7 @@ class RewardTrainer(Trainer):
 
 
 def load_preferences(
-    source: str, tokenizer: Any, config: DataOptions, split: str, limit: int | None
+    source: str, tokenizer: Any, config: TrainConfig, split: str, limit: int | None
 ) -> list[PreferenceExample]:
     """Comparisons or rankings of `source`, tokenised (truncation is logged by `rlhfkit.data`);
     the reward model's and DPO's data alike."""
@@ -187,7 +187,9 @@ def load_preferences(
         limit=limit,
         degenerate_comparisons=config.degenerate_comparisons,
     )
-    examples, _ = encode_comparisons(records, tokenizer, config.max_length)
+    examples, _ = encode_comparisons(
+        records, tokenizer, config.max_length, chat_template=config.chat_template
+    )
     return examples
 
 
@@ -209,7 +211,9 @@ def run_reward(config: RewardConfig) -> Path:
         )
     if config.normalize_data:
         records = load_records(config.normalize_data, "demonstrations", split=config.train_split)
-        normalize, _ = encode_demonstrations(records, tokenizer, config.max_length)
+        normalize, _ = encode_demonstrations(
+            records, tokenizer, config.max_length, chat_template=config.chat_template
+        )
     set_seed(config.seed)  # the new head's initial weights
     model = RewardModel.from_pretrained(config.model)
     embeddings = model.backbone.get_input_embeddings().weight.shape[0]

@@ -80,7 +80,9 @@ def load_demonstrations(
     records = load_records(
         source, "demonstrations", split=split, columns=config.columns, limit=limit
     )
-    examples, _ = encode_demonstrations(records, tokenizer, config.max_length)
+    examples, _ = encode_demonstrations(
+        records, tokenizer, config.max_length, chat_template=config.chat_template
+    )
     return examples
 
 
