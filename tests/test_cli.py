@@ -95,3 +95,28 @@ def test_sft_and_rm_commands_train_and_save(tiny_model_dir, tmp_path):
     saved = json.loads((rm_final / "trainer_state.json").read_text())
     assert saved["complete"] and saved["config"]["model"] == str(final)
     assert RewardConfig(**saved["config"]).max_steps == 2
+
+
+@pytest.mark.parametrize(
+    ("command", "trl_flag", "ours"),
+    [
+        ("sft", "--model_name_or_path", "--model"),
+        ("sft", "--per_device_train_batch_size=4", "--batch_size"),
+        ("dpo", "--logging-steps", "--log_every"),
+        ("ppo", "--num_ppo_epochs", "--ppo_epochs"),
+        ("grpo", "--max_completion_length", "--max_new_tokens"),
+        ("rm", "--bf16", "--mixed_precision bf16"),
+    ],
+)
+def test_a_trl_option_name_is_refused_naming_ours(capsys, command, trl_flag, ours):
+    assert main([command, trl_flag, "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"did you mean {ours}?" in err and "Traceback" not in err
+
+
+def test_a_trl_name_for_an_option_the_command_lacks_is_a_plain_unknown_option(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sft", "--num_ppo_epochs", "2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --num_ppo_epochs" in err and "did you mean" not in err

@@ -23,6 +23,7 @@ while running (`errors.RunError`, an OS error, anything unforeseen); a traceback
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import logging
 import os
@@ -202,6 +203,52 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# TRL's names for options rlhfkit spells otherwise -> (our field, what to write). No alias is
+# accepted: a run reads one spelling, and the error teaches it.
+TRL_NAMES = {
+    "model_name_or_path": ("model", "--model"),
+    "sft_model_path": ("model", "--model"),
+    "reward_model_path": ("reward_model", "--reward_model"),
+    "dataset_name": ("train_data", "--train_data"),
+    "dataset_train_split": ("train_split", "--train_split"),
+    "dataset_test_split": ("eval_split", "--eval_split"),
+    "per_device_train_batch_size": ("batch_size", "--batch_size"),
+    "per_device_eval_batch_size": ("eval_batch_size", "--eval_batch_size"),
+    "num_train_epochs": ("num_epochs", "--num_epochs"),
+    "lr_scheduler_type": ("lr_scheduler", "--lr_scheduler"),
+    "logging_steps": ("log_every", "--log_every"),
+    "save_steps": ("save_every", "--save_every"),
+    "eval_steps": ("eval_every", "--eval_every"),
+    "save_total_limit": ("keep_last", "--keep_last"),
+    "resume_from_checkpoint": ("resume", "--resume true"),
+    "bf16": ("mixed_precision", "--mixed_precision bf16"),
+    "use_cpu": ("cpu", "--cpu true"),
+    "report_to": ("tensorboard", "--tensorboard true|false (metrics.jsonl is always written)"),
+    "use_peft": ("lora", "--lora true"),
+    "max_completion_length": ("max_new_tokens", "--max_new_tokens"),
+    "response_length": ("max_new_tokens", "--max_new_tokens"),
+    "num_ppo_epochs": ("ppo_epochs", "--ppo_epochs"),
+    "cliprange": ("clip_range", "--clip_range"),
+    "cliprange_value": ("clip_range_value", "--clip_range_value"),
+    "local_rollout_forward_batch_size": ("forward_batch_size", "--forward_batch_size"),
+    "total_episodes": ("max_steps", "--max_steps (PPO iterations)"),
+}
+
+
+def _refuse_trl_spellings(name: str, args: Sequence[str], fields: set[str]) -> None:
+    """A TRL option name that this command has under another name: a usage error naming ours."""
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("--") or flag[2:] in fields:
+            continue
+        ours = TRL_NAMES.get(flag[2:].replace("-", "_"))
+        if ours is not None and ours[0] in fields:
+            raise UsageError(
+                f"unrecognized option {flag} (TRL's name); did you mean {ours[1]}? "
+                f"`rlhfkit {name} --help` lists every option"
+            )
+
+
 def run_command(name: str, args: Sequence[str]) -> Any:
     """Parse `args` into the command's config, run it, and return what it returned."""
     from rlhfkit.config import ConfigError, config_from_namespace, config_parser
@@ -211,6 +258,7 @@ def run_command(name: str, args: Sequence[str]) -> Any:
         raise SystemExit(f"rlhfkit: unknown command {name!r}; see `rlhfkit --help`")
     name, command = resolved
     config_cls = _load(command.config)
+    _refuse_trl_spellings(name, args, {f.name for f in dataclasses.fields(config_cls)})
     parser = config_parser(config_cls, prog=f"rlhfkit {name}")
     namespace = parser.parse_args(list(args))
     try:
