@@ -195,12 +195,7 @@ class Tracker:
             ax.set_title(key)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
-        fig.tight_layout()
-        png_path = Path(png_path)
-        png_path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(png_path, dpi=100)
-        plt.close(fig)
-        return png_path
+        return save_figure(fig, png_path)
 
     def close(self) -> None:
         """Flush and close TensorBoard and the progress bar."""
@@ -229,3 +224,15 @@ def _markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
         for row in rows
     ]
     return "\n".join(lines)
+
+
+def save_figure(fig, png_path: str | Path) -> Path:
+    """Lay out ``fig``, write it as a PNG (its folder made if needed) and free it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return png_path

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.text import markdown_cell
-from rlhfkit.tracking import Tracker, read_jsonl
+from rlhfkit.tracking import Tracker, read_jsonl, save_figure
 
 logger = logging.getLogger(__name__)
 
@@ -128,12 +128,7 @@ def plot_overoptimization(
         ax.set_title(f"{title} against KL")
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
-    return png_path
+    return save_figure(fig, png_path)
 
 
 def _label(ax, x: float, y: float, text: str, *, size: int, below: bool) -> None:
