@@ -343,7 +343,7 @@ class ScorerOptions:
 
 
 @dataclass
-class SFTConfig(DataOptions, TrainConfig):
+class SFTConfig(DataOptions, LoRAOptions, TrainConfig):
     """Supervised fine-tuning on prompt/response demonstrations (InstructGPT step 1)."""
 
     output_dir: str = "runs/sft"
@@ -354,10 +354,13 @@ class SFTConfig(DataOptions, TrainConfig):
     """Demonstrations to train on: .jsonl/.json/.parquet file, dataset directory or hub name."""
     eval_data: str | None = f"{DEMO_DATA}/sft"
     """Held-out demonstrations for response NLL and perplexity; None skips evaluation."""
+    disable_dropout: bool = False
+    """Turn dropout off in the model (the RL and preference stages do; SFT keeps it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_data()
+        self._check_lora()
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""The base of the trainers that move a causal-LM policy away from a frozen reference (DPO,
-GRPO, RLOO): dropout off, optional LoRA, the reference, and checkpoints of LoRA runs.
+"""The base of the trainers of a causal-LM policy (SFT, DPO, GRPO, RLOO): dropout off where the
+config asks, optional LoRA, the frozen reference where the stage has one, and checkpoints of
+LoRA runs (adapters in checkpoints, the merged model in ``final/``).
 
 The reference is, in order of preference: the model given; with LoRA, the policy itself with
 its adapter disabled (``lora.reference_mode``: never a second copy in memory); otherwise a

@@ -33,13 +33,15 @@ from rlhfkit.data import (
 from rlhfkit.models.loading import check_model_source, load_causal_lm, load_tokenizer
 from rlhfkit.models.passes import labelled_logprobs
 from rlhfkit.ops.masks import masked_mean, masked_sum
-from rlhfkit.trainers.loop import Batch, Trainer
+from rlhfkit.trainers.loop import Batch
+from rlhfkit.trainers.policy import PolicyTrainer
 
 logger = logging.getLogger(__name__)
 
 
-class SFTTrainer(Trainer):
-    """Fine-tune a causal LM on demonstrations; loss on response tokens only."""
+class SFTTrainer(PolicyTrainer):
+    """Fine-tune a causal LM on demonstrations; loss on response tokens only. With ``lora``
+    only adapters train, checkpoints hold them, and ``final/`` is the merged model."""
 
     plot_keys = ("train/loss", "train/lr", "train/grad_norm")
 
@@ -53,7 +55,16 @@ class SFTTrainer(Trainer):
         **kwargs: Any,
     ) -> None:
         self.collate = SFTCollator(pad_id=tokenizer.pad_token_id)
-        super().__init__(config, model, train_examples, self.collate, tokenizer=tokenizer, **kwargs)
+        super().__init__(
+            config,
+            model,
+            train_examples,
+            self.collate,
+            tokenizer=tokenizer,
+            reference=None,
+            needs_reference=False,
+            **kwargs,
+        )
         self.eval_examples = eval_examples
 
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
