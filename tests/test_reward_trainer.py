@@ -11,6 +11,7 @@ from rlhfkit.config import RewardConfig
 from rlhfkit.data import (
     Comparison,
     Demonstration,
+    PairCollator,
     Ranking,
     SFTCollator,
     encode_comparisons,
@@ -149,6 +150,40 @@ def test_rm_learns_k_way_rankings(tiny_model_dir, tiny_tokenizer, tmp_path):
     after = trainer.state.eval_metrics
     assert before["ranking_accuracy"] < 0.8, before
     assert after["ranking_accuracy"] >= 0.9 and after["ranking_exact"] >= 0.8, after
+
+
+def test_rm_with_lora_learns_resumes_exactly_and_writes_a_merged_model(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    train, _ = encode_comparisons(pairs(64, seed=1), tiny_tokenizer, 48)
+    held_out, _ = encode_comparisons(pairs(32, seed=2), tiny_tokenizer, 48)
+    lora = dict(lora=True, lora_r=8, learning_rate=1e-2, save_every=6)
+
+    def trainer(out, **overrides):
+        config = _config(out, **lora, **overrides)
+        return RewardTrainer(config, _model(tiny_model_dir), tiny_tokenizer, train, held_out)
+
+    straight = trainer(tmp_path / "straight")
+    before = straight.run_evaluation()
+    straight.train()
+    assert straight.state.eval_metrics["accuracy"] > before["accuracy"] + 0.2
+    first = trainer(tmp_path / "resumed")
+    first.train(stop_after=6)
+    assert (tmp_path / "resumed" / "rm" / "checkpoint-6" / "adapter_model.safetensors").is_file()
+    second = trainer(tmp_path / "resumed", resume=True)
+    second.train()
+    live = {k: v for k, v in straight.unwrapped_model.state_dict().items()}
+    resumed = second.unwrapped_model.state_dict()
+    assert all(torch.equal(v, resumed[k]) for k, v in live.items())
+
+    final = RewardModel.from_pretrained(tmp_path / "straight" / "rm" / "final").eval()
+    assert not any("lora_" in k for k in final.state_dict())  # merged: a plain backbone
+    batch = PairCollator(tiny_tokenizer.pad_token_id)(held_out[:4])
+    model = straight.unwrapped_model.eval()
+    with torch.no_grad():
+        expected = model(batch["input_ids"], batch["attention_mask"])
+        got = final(batch["input_ids"], batch["attention_mask"])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 def test_run_reward_from_files(tiny_model_dir, tmp_path):

@@ -364,7 +364,7 @@ class SFTConfig(DataOptions, LoRAOptions, TrainConfig):
 
 
 @dataclass
-class RewardConfig(DataOptions, TrainConfig):
+class RewardConfig(DataOptions, LoRAOptions, TrainConfig):
     """Reward model on chosen/rejected pairs or K-way rankings (InstructGPT step 2)."""
 
     output_dir: str = "runs/rm"
@@ -384,6 +384,7 @@ class RewardConfig(DataOptions, TrainConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_data()
+        self._check_lora()
         require(
             self,
             "margin",

@@ -60,6 +60,7 @@ from torch import nn
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.config import TrainConfig
+from rlhfkit.models.loading import check_model_source
 from rlhfkit.runtime.machine import Runtime, prepare_model
 from rlhfkit.tracking import Tracker, format_metrics
 from rlhfkit.trainers.optim import Learner, build_optimizer
@@ -451,7 +452,8 @@ class Trainer:
     def load_model_weights(self, path: Path) -> None:
         """Load the weights a checkpoint holds into the model being trained (for resume)."""
         model = self.unwrapped_model
-        saved = type(model).from_pretrained(path, use_safetensors=True)
+        check_model_source(path, "checkpoint")  # safetensors only: nothing is unpickled
+        saved = type(model).from_pretrained(path)
         model.load_state_dict(saved.state_dict())
 
     def _state_json(self) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from rlhfkit.data import (
     ranked_scores,
 )
 from rlhfkit.models.loading import RewardModel, check_model_source, load_tokenizer
+from rlhfkit.models.lora import add_lora, merged_copy
 from rlhfkit.ops.losses import pairwise_logexp_loss, pairwise_logsigmoid_loss, ranking_loss
 from rlhfkit.trainers.loop import Batch, Trainer
 
@@ -123,6 +124,8 @@ class RewardTrainer(Trainer):
         **kwargs: Any,
     ) -> None:
         self.collate = PairCollator(pad_id=tokenizer.pad_token_id)
+        if config.lora:  # adapters on the backbone; the score head trains in full
+            model = add_lora(model, **config.lora_settings)
         super().__init__(config, model, train_examples, self.collate, tokenizer=tokenizer, **kwargs)
         self.eval_examples = eval_examples
         self.normalize_examples = normalize_examples
@@ -153,6 +156,16 @@ class RewardTrainer(Trainer):
         table = torch.cat([torch.nn.functional.pad(t, (0, k - t.shape[1])) for t in tables])
         valid = torch.cat([torch.nn.functional.pad(v, (0, k - v.shape[1])) for v in valids])
         return ranking_metrics(table, valid)
+
+    def save_model(self, path: Path) -> None:
+        """The reward model with the tokenizer; with LoRA the merged model (a plain backbone
+        and its head, which ``RewardModel.from_pretrained`` and every scorer load)."""
+        merged_copy(self.unwrapped_model).save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    def save_checkpoint_model(self, path: Path) -> None:
+        """Checkpoints hold the model as it trains (with LoRA: the adapter and the head)."""
+        super().save_model(path)
 
     def on_train_end(self) -> None:
         """InstructGPT normalisation: shift the head's bias so the demonstrations score 0."""
