@@ -1,6 +1,6 @@
 """The pipeline's settings: `PipelineConfig` (where it runs, what it starts from, each stage's
 fields) and how it derives every stage's config from it (`stage_configs`: each stage's output
-feeds the next); `DemoConfig` for `rlhfkit demo`. Running them is ``pipeline.py``."""
+feeds the next); `DemoConfig` for `rlhfkit demo`. Running them is ``pipeline/run.py``."""
 
 from __future__ import annotations
 

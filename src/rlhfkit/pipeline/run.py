@@ -19,7 +19,7 @@ Gao et al. 2022. PPO is run in slices with ``PPOTrainer.train(stop_after=...)``,
 checkpoints at the end of each slice and resumes exactly, so the evaluation points do not
 change the training trajectory.
 
-The settings, and how each stage's config is derived from them: ``pipeline_config.py``.
+The settings, and how each stage's config is derived from them: ``pipeline/config.py``.
 """
 
 from __future__ import annotations
