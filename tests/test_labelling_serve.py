@@ -36,7 +36,7 @@ def live_server(db, *args):
     def read() -> None:  # drain the pipe for as long as the server runs
         for line in process.stdout:
             lines.append(line)
-            if line.startswith("Labelling at "):
+            if "Labelling at " in line:
                 started.set()
         started.set()
 

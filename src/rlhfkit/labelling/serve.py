@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
 import socket
 from dataclasses import dataclass
 
 from rlhfkit.config import require
 from rlhfkit.labelling.store import MAX_NAME, LoginError, Store, check_name
+
+logger = logging.getLogger(__name__)
 
 
 def addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
@@ -114,7 +117,7 @@ def issue_tokens(store: Store, names: list[str], replace: bool) -> dict[str, str
 
 
 def run_serve(config: ServeConfig) -> None:
-    """The `rlhfkit label serve` command: print the URL (and new tokens), serve until Ctrl-C."""
+    """The `rlhfkit label serve` command: log the URL (and new tokens), serve until Ctrl-C."""
     import uvicorn
 
     from rlhfkit.labelling.app import create_app
@@ -130,11 +133,11 @@ def run_serve(config: ServeConfig) -> None:
     )
     sock = listening_socket(config.host, config.port)
     url = _url(sock, config.host)
-    print(f"rlhfkit label serve: {tasks} task{'s' * (tasks != 1)} in {config.db}", flush=True)
+    logger.info("%d task%s in %s", tasks, "s" * (tasks != 1), config.db)
     for name, token in tokens.items():
         shown = token if token is not None else "(has a token already; --new_tokens replaces it)"
-        print(f"  token of {name}: {shown}", flush=True)
-    print(f"Labelling at {url} (Ctrl-C stops)", flush=True)
+        logger.info("token of %s: %s", name, shown)
+    logger.info("Labelling at %s (Ctrl-C stops)", url)
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     )

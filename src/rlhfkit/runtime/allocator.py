@@ -1,16 +1,16 @@
 """Keep freed tensor memory in the process on Linux CPUs, instead of handing it back to the kernel.
 
-PyTorch's CPU tensors come from the C library's ``malloc``. With glibc's defaults a block of
-more than 128 KiB comes from a fresh ``mmap`` (the threshold adapts, up to 32 MiB), and the
-top of the heap is given back to the kernel once enough of it is free. A training step
-allocates and frees the same activations, gradients and casts of a few MiB every time, so
-step after step they are mapped again, and each 4 KiB of them costs a page fault and a
-zero-fill by the kernel.
+PyTorch's CPU tensors come from the C library's ``malloc``. With glibc's defaults a large
+block comes from a fresh ``mmap`` (the threshold adapts, up to glibc's maximum,
+``MMAP_THRESHOLD``), and the top of the heap is given back to the kernel once enough of it is
+free. A training step allocates and frees the same activations, gradients and casts of a few
+MiB every time, so step after step they are mapped again, and each 4 KiB of them costs a page
+fault and a zero-fill by the kernel.
 
-``retain_freed_memory`` sets glibc's two thresholds (``mallopt``) so that blocks below 32 MiB
-come from the heap and freed ones stay there for the next step. The process's peak memory is
-unchanged; what it holds after a peak is not given back. ``jemalloc`` or ``tcmalloc``, with
-their PyTorch settings, do the same, but must be preloaded.
+``retain_freed_memory`` sets glibc's two thresholds (``mallopt``) so that blocks below
+``MMAP_THRESHOLD`` come from the heap and freed ones stay there for the next step. The
+process's peak memory is unchanged; what it holds after a peak is not given back. ``jemalloc``
+or ``tcmalloc``, with their PyTorch settings, do the same, but must be preloaded.
 
 On ``benchmarks/bench_ppo.py``'s workload a policy update step then takes no page faults, and
 both the step and the whole iteration are faster (fault counts and timings: docs/ppo.md, "Speed
