@@ -45,7 +45,6 @@ from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
-from rlhfkit.runtime.machine import prepare_model
 from rlhfkit.runtime.packing import enable_packing
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.loop import WATCH_RL, Batch
@@ -111,7 +110,7 @@ class GRPOTrainer(PolicyTrainer):
                     enable_packing(policy_or_reference)
         scorer = scorer.to(self.accelerator.device)
         for model in scorer.models():  # a reward model: the same GELU and attention
-            prepare_model(model, config.attention, packed=config.padding_free)
+            self.runtime.prepare(model, packed=config.padding_free)
         settings = RolloutSettings(
             sampling=config.sampling,
             scores=ScoreOptions(missing_eos_penalty=config.missing_eos_penalty),

@@ -61,7 +61,7 @@ from rlhfkit import checkpoint as ckpt
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.config import TrainConfig
 from rlhfkit.models.loading import check_model_source
-from rlhfkit.runtime.machine import Runtime, prepare_model
+from rlhfkit.runtime.machine import Runtime
 from rlhfkit.tracking import Tracker, format_metrics
 from rlhfkit.trainers.optim import Learner, build_optimizer
 
@@ -183,7 +183,7 @@ class Trainer:
         self.tokenizer = tokenizer
         self.output_dir = Path(config.output_dir)
         self.runtime.start()
-        prepare_model(model, config.attention)
+        self.runtime.prepare(model)
         self.model, optimizer = self.accelerator.prepare(model, build_optimizer(model, config))
         self.stream = Stream(
             len(train_data),

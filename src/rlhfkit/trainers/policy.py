@@ -23,7 +23,6 @@ from torch import nn
 from rlhfkit.config import TrainConfig
 from rlhfkit.models.loading import disable_dropout, freeze
 from rlhfkit.models.lora import add_lora, merged_copy, reference_mode
-from rlhfkit.runtime.machine import prepare_model
 from rlhfkit.trainers.loop import Batch, Trainer
 
 
@@ -59,8 +58,7 @@ class PolicyTrainer(Trainer):
         if reference is not None and needs_reference:
             if config.disable_dropout:
                 disable_dropout(reference)
-            prepare_model(reference, config.attention)
-            self.reference = freeze(reference).to(self.accelerator.device)
+            self.reference = freeze(self.runtime.prepare(reference))
 
     @contextmanager
     def reference_model(self) -> Iterator[nn.Module | None]:

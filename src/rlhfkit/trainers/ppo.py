@@ -124,7 +124,7 @@ class PPOTrainer(Trainer):
         losses = {"policy": self._policy_loss, "critic": self._critic_loss}
         self.update_schedule = [
             MinibatchLearner(
-                learner, losses[name], config.gradient_accumulation_steps, self.autocast
+                learner, losses[name], config.gradient_accumulation_steps, self.runtime.autocast
             )
             for name, learner in self.learners.items()
         ]
@@ -162,9 +162,6 @@ class PPOTrainer(Trainer):
 
     def count_optimizer_steps(self) -> int:
         return self.config.total_optimizer_steps(len(self.train_data))
-
-    def autocast(self) -> torch.autocast:
-        return self.runtime.autocast()
 
     @property
     def scorer(self) -> Scorer:
