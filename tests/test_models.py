@@ -1,13 +1,22 @@
 """Tests for rlhfkit.models.loading: loading, scalar heads, padding, LoRA and atomic checkpoints."""
 
+import json
 import logging
 
 import pytest
 import torch
 from peft import PeftModel
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-from transformers import AutoModel, AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
+from rlhfkit.errors import UsageError
 from rlhfkit.models.loading import (
     HEAD_CONFIG,
     HEAD_WEIGHTS,
@@ -21,6 +30,7 @@ from rlhfkit.models.loading import (
     save_pretrained_atomic,
 )
 from rlhfkit.models.lora import add_lora, merge_lora, reference_mode
+from rlhfkit.models.reward_format import SCORE_BIAS
 from rlhfkit.runtime.machine import prepare_model
 
 SEQS = [[5, 17, 42, 99, 7], [8, 3], [250, 11, 64]]
@@ -141,24 +151,103 @@ def test_fresh_head_init_follows_lm_human_preferences(tiny_model_dir):
     assert 0.6 / (hidden + 1) ** 0.5 < std < 1.4 / (hidden + 1) ** 0.5
 
 
-def test_scalar_head_round_trip(tmp_path, tiny_model_dir, tiny_tokenizer):
+def _hf_scores(path, ids, mask):
+    """Scores of a saved reward model under stock transformers alone."""
+    model = AutoModelForSequenceClassification.from_pretrained(path).eval()
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits[:, 0]
+
+
+def test_reward_model_saves_a_standard_sequence_classifier(
+    tmp_path, tiny_model_dir, tiny_tokenizer
+):
     rm = RewardModel.from_pretrained(tiny_model_dir)
-    _perturb(rm)
+    _perturb(rm)  # the score bias too: folded into ln_f's bias for transformers
     ids, mask = _pad(SEQS, tiny_tokenizer.pad_token_id, "right")
     with torch.no_grad():
         scores = rm(ids, mask)  # (B,)
-        hidden = rm.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
     out = save_pretrained_atomic(rm, tiny_tokenizer, tmp_path / "rm")
-    assert (out / HEAD_CONFIG).is_file() and (out / HEAD_WEIGHTS).is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["GPT2ForSequenceClassification"]
+    assert len(config["id2label"]) == 1  # num_labels=1
+    assert config["pad_token_id"] == tiny_tokenizer.pad_token_id
+    assert not (out / HEAD_CONFIG).exists() and (out / "tokenizer.json").is_file()
+    torch.testing.assert_close(_hf_scores(out, ids, mask), scores, atol=1e-5, rtol=0)
 
-    loaded = RewardModel.from_pretrained(out)
-    plain = AutoModel.from_pretrained(out)
+    loaded = RewardModel.from_pretrained(out)  # bit for bit what was saved: score_bias restored
+    for key, value in rm.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    torch.testing.assert_close(loaded(ids, mask), scores, atol=0, rtol=0)
+
+
+def test_score_bias_is_ignored_once_the_weights_changed(tmp_path, tiny_model_dir, caplog):
+    rm = RewardModel.from_pretrained(tiny_model_dir)
+    _perturb(rm.score)
+    rm.save_pretrained(tmp_path)
+    assert (tmp_path / SCORE_BIAS).is_file()
+    other = AutoModelForSequenceClassification.from_pretrained(tmp_path)
+    _perturb(other.score, seed=5)  # another tool trains it and saves over the weights
+    other.save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        loaded = RewardModel.from_pretrained(tmp_path)
+    assert "score_bias.safetensors does not match" in caplog.text
+    torch.testing.assert_close(loaded.score.weight, other.score.weight)
+    assert torch.count_nonzero(loaded.score.bias) == 0
+    torch.testing.assert_close(loaded.backbone.ln_f.bias, other.transformer.ln_f.bias)
+
+
+def test_older_rlhfkit_format_still_loads(tmp_path, tiny_model_dir, tiny_tokenizer):
+    """Backbone + score_head.safetensors + score_head.json, as rlhfkit wrote reward models
+    before they were sequence classifiers (ScalarHeadModel.save_pretrained still writes it)."""
+    rm = RewardModel.from_pretrained(tiny_model_dir)
+    _perturb(rm)
+    ids, mask = _pad(SEQS, tiny_tokenizer.pad_token_id, "left")
     with torch.no_grad():
-        torch.testing.assert_close(loaded(ids, mask), scores)
+        scores = rm(ids, mask)
+        hidden = rm.backbone(input_ids=ids, attention_mask=mask).last_hidden_state
+    ScalarHeadModel.save_pretrained(rm, tmp_path / "old")
+    assert (tmp_path / "old" / HEAD_CONFIG).is_file() and (
+        tmp_path / "old" / HEAD_WEIGHTS
+    ).is_file()
+    plain = AutoModel.from_pretrained(tmp_path / "old")  # the backbone alone, as before
+    with torch.no_grad():
         torch.testing.assert_close(
             plain(input_ids=ids, attention_mask=mask).last_hidden_state, hidden
         )
-    assert scores.shape == (3,)
+        torch.testing.assert_close(RewardModel.from_pretrained(tmp_path / "old")(ids, mask), scores)
+        values = ValueModel.from_pretrained(tmp_path / "old")(ids, mask)  # (B, T)
+    torch.testing.assert_close(values[:, -1], scores)
+
+
+def test_llama_reward_model_keeps_an_unfoldable_bias_for_rlhfkit(tmp_path, tiny_tokenizer, caplog):
+    """RMSNorm has no bias to fold into: transformers reads the score without the head's
+    bias (a warning says by how much); rlhfkit restores it."""
+    config = LlamaConfig(
+        vocab_size=len(tiny_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        pad_token_id=tiny_tokenizer.pad_token_id,
+        eos_token_id=tiny_tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "lm")
+    rm = RewardModel.from_pretrained(tmp_path / "lm")
+    ids, mask = _pad(SEQS, tiny_tokenizer.pad_token_id, "right")
+    rm.save_pretrained(tmp_path / "unbiased")
+    assert not (tmp_path / "unbiased" / SCORE_BIAS).exists()
+    with torch.no_grad():
+        scores = rm(ids, mask)
+        torch.testing.assert_close(_hf_scores(tmp_path / "unbiased", ids, mask), scores)
+        rm.score.bias.fill_(0.75)  # a normalisation shift
+        with caplog.at_level(logging.WARNING):
+            rm.save_pretrained(tmp_path / "biased")
+        assert "cannot carry the score bias 0.75" in caplog.text
+        torch.testing.assert_close(_hf_scores(tmp_path / "biased", ids, mask), scores)
+        loaded = RewardModel.from_pretrained(tmp_path / "biased")
+        torch.testing.assert_close(loaded(ids, mask), scores + 0.75, atol=0, rtol=0)
 
 
 def test_reward_score_at_last_real_token_left_or_right_padded(tiny_model_dir, tiny_tokenizer):
@@ -204,9 +293,17 @@ def test_value_model_from_reward_checkpoint(tmp_path, tiny_model_dir, tiny_token
 
 
 def test_head_config_with_wrong_format_names_file_and_field(tmp_path, tiny_model_dir):
-    RewardModel.from_pretrained(tiny_model_dir).save_pretrained(tmp_path)
+    ScalarHeadModel.save_pretrained(RewardModel.from_pretrained(tiny_model_dir), tmp_path)
     (tmp_path / HEAD_CONFIG).write_text('{"format": "something-else"}')
     with pytest.raises(ValueError, match=r"score_head\.json: field 'format'"):
+        RewardModel.from_pretrained(tmp_path)
+
+
+def test_a_classifier_with_several_labels_is_refused(tmp_path, tiny_model_dir):
+    AutoModelForSequenceClassification.from_pretrained(
+        tiny_model_dir, num_labels=3
+    ).save_pretrained(tmp_path)
+    with pytest.raises(UsageError, match=r"num_labels=3; a reward model gives one score"):
         RewardModel.from_pretrained(tmp_path)
 
 

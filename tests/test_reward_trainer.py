@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhfkit.config import RewardConfig
 from rlhfkit.data import (
@@ -68,7 +69,7 @@ def _config(tmp_path, **overrides):
         lr_scheduler="constant",
         log_every=5,
         cpu=True,
-        tensorboard=False,
+        report_to=[],
         max_length=48,
     )
     fields.update(overrides)
@@ -184,6 +185,12 @@ def test_rm_with_lora_learns_resumes_exactly_and_writes_a_merged_model(
         expected = model(batch["input_ids"], batch["attention_mask"])
         got = final(batch["input_ids"], batch["attention_mask"])
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    stock = AutoModelForSequenceClassification.from_pretrained(
+        tmp_path / "straight" / "rm" / "final"
+    )
+    with torch.no_grad():  # the merged model is the standard format too
+        logits = stock.eval()(batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    torch.testing.assert_close(logits[:, 0], expected, atol=1e-5, rtol=0)
 
 
 def test_run_reward_from_files(tiny_model_dir, tmp_path):
@@ -196,8 +203,20 @@ def test_run_reward_from_files(tiny_model_dir, tmp_path):
         tmp_path, model=str(tiny_model_dir), train_data=str(path), eval_data=str(path), max_steps=2
     )
     final = run_reward(config)
-    loaded = RewardModel.from_pretrained(final)
-    assert (final / "score_head.safetensors").is_file() and (final / "tokenizer.json").is_file()
+    loaded = RewardModel.from_pretrained(final).eval()
+    assert json.loads((final / "config.json").read_text())["architectures"] == [
+        "GPT2ForSequenceClassification"
+    ]
+    assert (final / "tokenizer.json").is_file()
     state = json.loads((final / "trainer_state.json").read_text())
     assert state["complete"] and {"accuracy", "ranking_accuracy"} <= set(state["eval_metrics"])
     assert loaded.score.weight.shape == (1, 64)
+    # transformers alone, with the saved tokenizer, scores prompt + response + EOS as rlhfkit.
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    texts = [r["prompt"] + r["chosen"] + tokenizer.eos_token for r in rows[:6]]
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    stock = AutoModelForSequenceClassification.from_pretrained(final).eval()
+    with torch.no_grad():
+        expected = stock(**batch).logits[:, 0]
+        got = loaded(batch["input_ids"], batch["attention_mask"])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)

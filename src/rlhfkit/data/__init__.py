@@ -42,6 +42,7 @@ from rlhfkit.data.encode import (
     TruncationReport,
     encode_comparisons,
     encode_demonstrations,
+    encode_pairs,
     encode_prompts,
     load_prompts,
 )
@@ -81,6 +82,7 @@ __all__ = [
     "TruncationReport",
     "encode_comparisons",
     "encode_demonstrations",
+    "encode_pairs",
     "encode_prompts",
     "load_prompts",
     "load_records",

@@ -258,6 +258,26 @@ def encode_comparisons(
     return examples, report
 
 
+def encode_pairs(
+    prompts: Sequence[Prompt],
+    responses: Sequence[str],
+    tokenizer: Any,
+    max_length: int,
+    *,
+    chat_template: bool = True,
+) -> tuple[list[list[int]], TruncationReport]:
+    """prompt + response + EOS ids of each pair, as `encode_comparisons` encodes a response
+    (a reward model scoring texts from another tokenizer); truncated like it, not logged: the
+    caller decides what a cut is worth saying."""
+    _check_length("max_length", max_length, 2)
+    encoded = _encode(list(prompts), [[r] for r in responses], tokenizer, chat_template)
+    report, ids = TruncationReport(), []
+    for prompt, response_ids in encoded:
+        prompt, (response,) = _truncate(prompt, response_ids, max_length, report)
+        ids.append([*prompt, *response])
+    return ids, report
+
+
 def load_prompts(
     source: str,
     split: str,

@@ -6,11 +6,17 @@ scorer is; this module finds and loads one).
 the user's own code, by design, with the user's rights. A spec that does not resolve (no colon,
 a module that does not import, a name that is missing or not callable) and a reward-model
 directory without its head are ``UsageError``s that say which and what is allowed.
+
+A reward model is a one-label sequence classifier (what ``rlhfkit rm``, TRL and transformers
+write) or rlhfkit's older backbone + ``score_head.*``. One that shares the policy's tokenizer
+scores the policy's token ids; one with a tokenizer of its own (saved beside it) scores the
+decoded texts in its own tokens (``scorers.RewardModelScorer``).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -22,12 +28,16 @@ from rlhfkit.errors import UsageError
 from rlhfkit.experience.perplexity import PerplexityScorer
 from rlhfkit.experience.scorers import FunctionScorer, RewardModelScorer, Scorer, WeightedScorer
 from rlhfkit.models.loading import (
-    HEAD_CONFIG,
     RewardModel,
     check_model_source,
     freeze,
+    is_reward_model,
     load_causal_lm,
+    same_tokenizer,
+    saved_tokenizer,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def load_function(path: str) -> Callable:
@@ -73,13 +83,19 @@ def build_scorer(
     reward_model: str | None,
     reward_functions: Sequence[str] = (),
     weights: Sequence[float] | None = None,
+    *,
+    tokenizer=None,
+    model: torch.nn.Module | None = None,
 ) -> Scorer:
     """A frozen reward model (a directory from ``rlhfkit reward``) and/or reward functions
-    (``"module:function"``), summed with ``weights`` (in that order; None = all 1)."""
+    (names, see ``reward_function_scorer``), summed with ``weights`` (in that order; None = all
+    1). ``tokenizer`` and ``model`` as in ``parse_scorer``."""
     parts: list[Scorer] = []
     if reward_model is not None:
-        parts.append(RewardModelScorer(load_reward_model(reward_model)))
-    parts += [FunctionScorer(load_function(path), name=path) for path in reward_functions]
+        parts.append(load_reward_scorer(reward_model, tokenizer))
+    parts += [
+        reward_function_scorer(spec, tokenizer=tokenizer, model=model) for spec in reward_functions
+    ]
     if not parts:
         raise ValueError("build_scorer needs a reward model or at least one reward function")
     weights = list(weights) if weights is not None else [1.0] * len(parts)
@@ -100,12 +116,30 @@ SCORER_SPECS = (
 def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = None) -> Scorer:
     """A ``Scorer`` from a command-line spec (see ``SCORER_SPECS``).
 
-    ``model`` is the causal LM bare "perplexity" is measured under; ``tokenizer``, when given,
-    is checked against a reward model's vocabulary (they must share one).
+    ``model`` is the causal LM bare "perplexity" is measured under; ``tokenizer`` is the
+    policy's: a reward model with another one scores texts (``load_reward_scorer``).
     """
-    builtins = {**tasks.REWARD_FUNCTIONS, "gold": tasks.gold_reward}
-    if spec in builtins:
-        return FunctionScorer(builtins[spec], name=spec)
+    named = spec in _bundled() or spec.partition(":")[0] == "perplexity"
+    if not named and Path(spec).is_dir():
+        return load_reward_scorer(spec, tokenizer)
+    return reward_function_scorer(spec, tokenizer=tokenizer, model=model)
+
+
+REWARD_FUNCTION_SPECS = (
+    "digits | gold | sentiment (rlhfkit.tasks), perplexity (under the policy), "
+    "perplexity:PATH (under the causal LM at PATH), module:function"
+)
+
+
+def reward_function_scorer(
+    spec: str, *, tokenizer=None, model: torch.nn.Module | None = None
+) -> Scorer:
+    """A ``Scorer`` from one name of ``reward_functions`` (``REWARD_FUNCTION_SPECS``): the one
+    place those names resolve, for every command. ``model`` and ``tokenizer`` as in
+    ``parse_scorer``."""
+    bundled = _bundled()
+    if spec in bundled:
+        return FunctionScorer(bundled[spec], name=spec)
     if spec == "perplexity":
         if model is None:
             raise UsageError("reward 'perplexity' needs a model here; use perplexity:PATH")
@@ -113,28 +147,58 @@ def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = N
     if spec.startswith("perplexity:"):
         path = spec.removeprefix("perplexity:")
         return PerplexityScorer(freeze(load_causal_lm(path, tokenizer=tokenizer)))
-    if Path(spec).is_dir():
-        return RewardModelScorer(load_reward_model(spec, tokenizer))
     if ":" in spec:
         return FunctionScorer(load_function(spec), name=spec)
+    if Path(spec).is_dir():
+        raise UsageError(
+            f"reward function {spec!r} is a directory: give a reward model as reward_model; "
+            f"reward functions are {REWARD_FUNCTION_SPECS}"
+        )
     raise UsageError(
-        f"reward {spec!r}: not a known scorer nor a directory; allowed: {SCORER_SPECS}"
+        f"reward function {spec!r}: not a known scorer; allowed: {REWARD_FUNCTION_SPECS}"
     )
 
 
+def _bundled() -> dict[str, Callable]:
+    """The reward functions of the bundled tasks, by name."""
+    return {**tasks.REWARD_FUNCTIONS, "gold": tasks.gold_reward}
+
+
 def load_reward_model(path: str, tokenizer=None) -> torch.nn.Module:
-    """A trained, frozen reward model: without its head a directory would score at random."""
+    """A trained, frozen reward model: without its head a directory would score at random.
+    With ``tokenizer``, that tokenizer's ids must all have an embedding in the model."""
     check_model_source(path, "reward model")
-    if not (Path(path) / HEAD_CONFIG).is_file():
+    if not is_reward_model(path):
         raise UsageError(
-            f"reward {path!r}: the directory has no {HEAD_CONFIG}, so it is not a reward model "
-            f"(`rlhfkit rm` writes one); for a causal LM's perplexity use perplexity:{path}"
+            f"reward {path!r}: not a reward model (its config.json names no "
+            "*ForSequenceClassification architecture, and it has no score_head.json): "
+            "`rlhfkit rm` and TRL's RewardTrainer write one; for a causal LM's perplexity use "
+            f"perplexity:{path}"
         )
     reward_model = freeze(RewardModel.from_pretrained(path))
     rows = reward_model.backbone.get_input_embeddings().num_embeddings
     if tokenizer is not None and rows < len(tokenizer):
         raise UsageError(
             f"reward model {path} has {rows} token embeddings but the policy's tokenizer has "
-            f"{len(tokenizer)} tokens: the reward model must share the policy's tokenizer"
+            f"{len(tokenizer)} tokens, and no tokenizer of its own beside it: save the "
+            "tokenizer it was trained with in its directory (it then scores the texts in its "
+            "own tokens), or use a reward model that shares the policy's tokenizer"
         )
     return reward_model
+
+
+def load_reward_scorer(path: str, tokenizer=None) -> RewardModelScorer:
+    """A frozen reward model as a scorer of the policy whose tokenizer is ``tokenizer``: on
+    the policy's token ids when it shares that tokenizer (or has none saved, or none is
+    given), else from the decoded texts in the tokenizer saved in its directory."""
+    own = saved_tokenizer(path) if tokenizer is not None else None
+    if own is None or same_tokenizer(own, tokenizer):
+        return RewardModelScorer(load_reward_model(path, tokenizer))
+    logger.info(
+        "reward model %s has a tokenizer of its own (%d tokens; the policy's has %d): it "
+        "scores the decoded texts in its own tokens",
+        path,
+        len(own),
+        len(tokenizer),
+    )
+    return RewardModelScorer(load_reward_model(path), tokenizer=own)

@@ -1,8 +1,9 @@
 """Scorers: what gives each sampled response its one scalar score.
 
 A reward model (InstructGPT step 2, scored at the last real token, EOS included as it was in
-training), any Python callable ``f(prompts, responses) -> list[float]``, or a weighted sum of
-several: all give ``scores`` (B,) through one interface, ``Scorer``. A non-finite score, a
+training; on the policy's token ids, or on the texts in its own tokens when it comes from
+another model family), any Python callable ``f(prompts, responses) -> list[float]``, or a
+weighted sum of several: all give ``scores`` (B,) through one interface, ``Scorer``. A non-finite score, a
 value that is no number, a raising callable is a ``ScoreError`` that names the sample (index,
 prompt and response); a wrong number of scores names the counts. ``scorer_loading.py``
 turns what a user names into a scorer. How scores become PPO's per-token rewards is
@@ -11,6 +12,7 @@ turns what a user names into a scorer. How scores become PPO's per-token rewards
 
 from __future__ import annotations
 
+import logging
 import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -18,8 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
+from rlhfkit.data import encode_pairs, pad
+from rlhfkit.data.encode import UNSET_CONTEXT
 from rlhfkit.errors import RunError
 from rlhfkit.runtime.packing import PackedRows, packing_enabled
+
+logger = logging.getLogger(__name__)
 
 SHOWN_CHARS = 80  # of a prompt or response in a message
 
@@ -156,15 +162,31 @@ class FunctionScorer(Scorer):
 
 
 class RewardModelScorer(Scorer):
-    """Scores query + response ids with a reward model (``models.RewardModel``).
+    """Scores query + response with a reward model (``models.RewardModel``).
 
-    The model must share the policy's tokenizer. The sequence keeps the EOS the policy emitted,
-    so the model reads its score at EOS, as it was trained (see the peers' pitfall 7).
+    Sharing the policy's tokenizer (``tokenizer=None``), it scores the policy's own ids: the
+    sequence keeps the EOS the policy emitted, so the model reads its score at EOS, as it was
+    trained (see the peers' pitfall 7). With a tokenizer of its own (a reward model of another
+    family: ``scorer_loading.load_reward_scorer`` decides), it scores from the texts: the
+    decoded prompt and response, through its chat template as a user and an assistant turn if
+    it has one, else concatenated, and its EOS appended, as its training encoded them
+    (``data.encode_pairs``), cut to ``max_length`` tokens (None: its context).
     """
 
-    def __init__(self, model: torch.nn.Module, name: str = "reward_model"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        name: str = "reward_model",
+        *,
+        tokenizer=None,
+        max_length: int | None = None,
+    ):
         self.model = model
         self.name = name
+        self.tokenizer = tokenizer
+        if tokenizer is not None and max_length is None:
+            max_length = context_length(model, tokenizer)
+        self.max_length = max_length
 
     def models(self) -> list[torch.nn.Module]:
         return [self.model]
@@ -172,11 +194,32 @@ class RewardModelScorer(Scorer):
     @torch.no_grad()
     def score(self, batch: ScoreInput) -> torch.Tensor:
         self.model.eval()  # a scorer never runs dropout
-        sequence = torch.cat([batch.query, batch.response], dim=1)  # (B, Tq + Tr)
-        mask = torch.cat([batch.query_mask, batch.response_mask], dim=1)  # (B, Tq + Tr)
+        if self.tokenizer is None:
+            sequence = torch.cat([batch.query, batch.response], dim=1)  # (B, Tq + Tr)
+            mask = torch.cat([batch.query_mask, batch.response_mask], dim=1)  # (B, Tq + Tr)
+        else:
+            sequence, mask = self._encode_texts(batch)  # (B, T) each, right-padded
         if packing_enabled(self.model):  # real tokens only: packing.py
             return self.model(**PackedRows.from_mask(mask).inputs(sequence)).float()  # (B,)
         return self.model(sequence, mask).float()  # (B,) at the last real token
+
+    def _encode_texts(self, batch: ScoreInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's texts in the reward model's own tokens, on the model's device."""
+        ids, report = encode_pairs(batch.prompts, batch.responses, self.tokenizer, self.max_length)
+        if report.tokens_removed:
+            logger.warning("%s: texts cut to its %d tokens: %s", self.name, self.max_length, report)
+        sequence, mask = pad(ids, self.tokenizer.pad_token_id)
+        device = next(self.model.parameters(), batch.query).device
+        return sequence.to(device), mask.to(device)
+
+
+def context_length(model: torch.nn.Module, tokenizer) -> int:
+    """Tokens a model reads at most: its tokenizer's ``model_max_length`` or its config's
+    positions, the smaller of those it declares (1024 where it declares neither)."""
+    config = getattr(model, "config", None)
+    limits = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
+    declared = [n for n in limits if isinstance(n, int) and n < UNSET_CONTEXT]
+    return min(declared, default=1024)
 
 
 class WeightedScorer(Scorer):

@@ -12,9 +12,11 @@ Departures:
   many tutorials set ``pad = eos``, which hides the EOS from masks built from the pad id).
 - Position ids are always derived from the attention mask, so a left-padded sequence gets the
   same positions, hence the same score, as the same sequence right-padded.
-- Checkpoints are a plain backbone directory (``AutoModel.from_pretrained`` opens it) plus
-  ``score_head.safetensors`` and ``score_head.json``, instead of TRL's
-  ``AutoModelForSequenceClassification``; safetensors only, never pickle.
+- A reward model is saved as TRL's is, a one-label ``AutoModelForSequenceClassification``
+  (``reward_format.py``: how its bias-free head and rlhfkit's biased one meet), and either that
+  or a causal LM loads. Critics and LoRA training checkpoints keep rlhfkit's own format, a plain
+  backbone directory plus ``score_head.safetensors`` and ``score_head.json``, which also still
+  loads as a reward model. Safetensors only, never pickle.
 - Loading asks for safetensors (``use_safetensors=True``): a directory holding only a pickle
   checkpoint (``pytorch_model.bin``) is refused, since unpickling runs whatever code the file
   carries, unless the user sets ``RLHFKIT_TRUST_PICKLE=1`` for a source they trust. A local
@@ -46,6 +48,12 @@ from transformers.utils import cached_file
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.data.sources import is_hub_name
 from rlhfkit.errors import UsageError
+from rlhfkit.models.reward_format import (
+    is_sequence_classifier,
+    load_sequence_classifier,
+    restore_exact,
+    save_sequence_classifier,
+)
 from rlhfkit.ops.masks import last_token_index, position_ids_from_mask
 from rlhfkit.runtime.activations import fuse_gelu
 
@@ -162,6 +170,28 @@ def load_tokenizer(
             tokenizer.pad_token_id,
         )
     return tokenizer
+
+
+def saved_tokenizer(name_or_path: str | os.PathLike):
+    """The tokenizer saved with a model (``load_tokenizer``), or None where there is none."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+            return None
+        return load_tokenizer(path)
+    try:  # a hub name
+        return load_tokenizer(name_or_path)
+    except UsageError:
+        return None
+
+
+def same_tokenizer(a, b) -> bool:
+    """Whether token ids mean the same to both tokenizers: the same vocabulary, added and
+    special tokens included (token -> id), and the same EOS id, the token a reward model reads
+    its score at. How each splits text may still differ; the ids' meaning may not."""
+    if a is b:
+        return True
+    return a.eos_token_id == b.eos_token_id and a.get_vocab() == b.get_vocab()
 
 
 def _resize_for(model: PreTrainedModel, tokenizer) -> None:
@@ -295,27 +325,55 @@ class ScalarHeadModel(nn.Module):
         revision: str | None = None,
         trust_remote_code: bool = False,
     ):
-        """Load a scalar-head checkpoint, or a plain (causal) LM with a fresh head.
+        """Load a reward model with its trained head, or a plain (causal) LM with a fresh head.
 
+        A reward model is a one-label sequence classifier (``reward_format``: what rlhfkit
+        writes, and TRL and transformers) or rlhfkit's older backbone + ``score_head.*``.
         ``per_token=None`` keeps the class default, so ``ValueModel.from_pretrained(rm_dir)``
         turns a reward model checkpoint into a critic (InstructGPT's critic initialisation).
         """
         check_model_source(path_or_name)
+        options = {"dtype": dtype, "revision": revision, "trust_remote_code": trust_remote_code}
+        if is_sequence_classifier(path_or_name, revision):
+            return cls._from_classifier(path_or_name, per_token, options)
         head_config = _read_head_config(path_or_name, revision)
         with _loading(path_or_name, "model"):
-            backbone = _load_backbone(path_or_name, head_config, dtype, revision, trust_remote_code)
+            backbone = _load_backbone(path_or_name, head_config, **options)
         model = cls(backbone, per_token=per_token)
         if head_config is None:
             logger.info(
-                "%s has no %s; the score head is freshly initialised", path_or_name, HEAD_CONFIG
+                "%s is no reward model (neither a sequence classifier nor with %s); the score "
+                "head is freshly initialised",
+                path_or_name,
+                HEAD_CONFIG,
             )
         else:
             state = load_file(_head_file(path_or_name, HEAD_WEIGHTS, revision))
             model.score.load_state_dict(state)
         return model
 
+    @classmethod
+    def _from_classifier(cls, path_or_name, per_token: bool | None, options: dict):
+        """A one-label sequence classifier with its head, bit for bit as rlhfkit saved it
+        where ``score_bias.safetensors`` says how (``reward_format.restore_exact``)."""
+        with _loading(path_or_name, "reward model"):
+            backbone, head = load_sequence_classifier(
+                path_or_name, use_safetensors=_use_safetensors(), **options
+            )
+        model = cls(fuse_gelu(backbone), per_token=per_token)  # draws the head's init as ever
+        with torch.no_grad():
+            model.score.weight.copy_(head.weight)
+            if head.bias is None:  # transformers' heads have none; ours starts at 0
+                model.score.bias.zero_()
+            else:
+                model.score.bias.copy_(head.bias)
+        restore_exact(model, path_or_name, options["revision"])
+        return model
+
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """Backbone via its own ``save_pretrained`` (safetensors), then the head next to it."""
+        """rlhfkit's own format, which keeps a critic's ``per_token`` and a LoRA adapter: the
+        backbone via its ``save_pretrained`` (safetensors), then the head next to it.
+        ``RewardModel`` writes the standard format instead, where it can."""
         path = Path(save_directory)
         path.mkdir(parents=True, exist_ok=True)
         self.backbone.save_pretrained(path)
@@ -336,11 +394,39 @@ class RewardModel(ScalarHeadModel):
 
     default_per_token = False
 
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """The standard format (``reward_format``): a one-label sequence classifier that
+        ``AutoModelForSequenceClassification`` loads and scores as rlhfkit does. A LoRA model
+        (a training checkpoint: the run's final model is merged) keeps rlhfkit's format, as
+        does an architecture transformers has no sequence classifier for."""
+        path = Path(save_directory)
+        if isinstance(self.backbone, PeftModel):
+            super().save_pretrained(path)
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        if not save_sequence_classifier(self.backbone, self.score, path):
+            logger.warning(
+                "transformers has no sequence classifier for model_type %r: %s is saved in "
+                "rlhfkit's format (backbone + %s)",
+                self.config.model_type,
+                path,
+                HEAD_WEIGHTS,
+            )
+            super().save_pretrained(path)
+
 
 class ValueModel(ScalarHeadModel):
     """Values (B, T) at every token: the PPO critic."""
 
     default_per_token = True
+
+
+def is_reward_model(path_or_name: str | os.PathLike, revision: str | None = None) -> bool:
+    """Whether ``path_or_name`` holds a trained reward model (a one-label sequence classifier,
+    or rlhfkit's older backbone + head), not a model a fresh head would be put on."""
+    if is_sequence_classifier(path_or_name, revision):
+        return True
+    return _head_file(path_or_name, HEAD_CONFIG, revision) is not None
 
 
 def _head_file(path_or_name: str | os.PathLike, filename: str, revision: str | None) -> str | None:
@@ -366,7 +452,7 @@ def _read_head_config(path_or_name: str | os.PathLike, revision: str | None) -> 
     return config
 
 
-def _load_backbone(path_or_name, head_config, dtype, revision, trust_remote_code) -> nn.Module:
+def _load_backbone(path_or_name, head_config, *, dtype, revision, trust_remote_code) -> nn.Module:
     if head_config is not None and head_config.get("lora"):
         # The directory holds only the adapter; the base weights come from where it says.
         base_path = PeftConfig.from_pretrained(path_or_name).base_model_name_or_path

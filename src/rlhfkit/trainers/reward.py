@@ -17,8 +17,15 @@ reproduced exactly. Optional InstructGPT normalisation: after training, the head
 shifted so that the demonstrations in `normalize_data` score 0 on average, which gives PPO
 rewards centred on what the SFT policy already writes.
 
+The model starts from a causal LM (a fresh head) or from a reward model with its trained head:
+one rlhfkit wrote, or any one-label `AutoModelForSequenceClassification` such as TRL's. The
+final model is that standard format too (`rlhfkit.models.reward_format`; with LoRA the merged
+model), with the tokenizer beside it, so transformers and TRL load it as it is.
+
 Departures from TRL's RewardTrainer: rankings are not expanded into independent pairs, and the
-model is saved as backbone + `score_head.safetensors` (see `rlhfkit.models.loading`).
+head has a bias (the normalisation's shift; written into the final norm's bias on save). On a
+model whose final norm has no bias (Llama-style RMSNorm) the bias is not trained, so what
+transformers reads stays what rlhfkit trained.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from rlhfkit.data import (
 )
 from rlhfkit.models.loading import RewardModel, check_model_source, load_tokenizer
 from rlhfkit.models.lora import add_lora, merged_copy
+from rlhfkit.models.reward_format import bias_is_portable
 from rlhfkit.ops.losses import pairwise_logexp_loss, pairwise_logsigmoid_loss, ranking_loss
 from rlhfkit.trainers.loop import Batch, Trainer
 
@@ -124,8 +132,12 @@ class RewardTrainer(Trainer):
         **kwargs: Any,
     ) -> None:
         self.collate = PairCollator(pad_id=tokenizer.pad_token_id)
+        model.config.pad_token_id = tokenizer.pad_token_id  # where transformers reads the score
+        portable = bias_is_portable(model.backbone)
         if config.lora:  # adapters on the backbone; the score head trains in full
             model = add_lora(model, **config.lora_settings)
+        if not portable:  # a bias the standard format cannot carry (reward_format) stays put
+            model.score.bias.requires_grad_(False)
         super().__init__(config, model, train_examples, self.collate, tokenizer=tokenizer, **kwargs)
         self.eval_examples = eval_examples
         self.normalize_examples = normalize_examples
@@ -158,8 +170,9 @@ class RewardTrainer(Trainer):
         return ranking_metrics(table, valid)
 
     def save_model(self, path: Path) -> None:
-        """The reward model with the tokenizer; with LoRA the merged model (a plain backbone
-        and its head, which ``RewardModel.from_pretrained`` and every scorer load)."""
+        """The reward model with the tokenizer, as a one-label sequence classifier that
+        transformers, TRL, ``RewardModel.from_pretrained`` and every scorer load; with LoRA
+        the merged model."""
         merged_copy(self.unwrapped_model).save_pretrained(path)
         self.tokenizer.save_pretrained(path)
 
