@@ -10,10 +10,10 @@ InstructGPT (Ouyang et al. 2022), with the human replaced by ``rlhfkit.tasks.gol
   positive, as a demonstrator told "continue it positively" would write. Held-out sentences
   first, topped up with training-corpus sentences; the test split uses test prompts only.
 - comparisons (reward model): K=4 continuations per prompt sampled from the base model
-  (temperature 1, as a policy samples), labelled by a simulated labeller: a Bradley-Terry
-  choice P(a over b) = sigmoid((gold(a) - gold(b)) / tau), and for K-way rankings the
-  Plackett-Luce model with the same tau (pick the best with softmax(gold / tau), repeat). tau is
-  calibrated so that ``--agreement`` (75%) of pair labels agree with the gold order in
+  (temperature 1, as a policy samples), labelled by the simulated labeller of
+  ``rlhfkit.labelling.simulated``: a Bradley-Terry choice P(a over b) = sigmoid((gold(a) -
+  gold(b)) / tau), and for K-way rankings the Plackett-Luce model with the same tau (pick the
+  best with softmax(gold / tau), repeat). tau is calibrated so that ``--agreement`` (75%) of pair labels agree with the gold order in
   expectation, roughly the inter-labeller agreement InstructGPT reports (72-77%).
   Pairs (0, 1) and (2, 3) of each set go to ``comparisons/``; the full ranking to ``rankings/``.
 
@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import lzma
-import math
 import random
 import re
 import time
@@ -40,6 +39,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlhfkit.experience.generation import SamplingConfig, generate
+from rlhfkit.labelling.simulated import calibrate_tau, plackett_luce, prefers
 from rlhfkit.tasks import BASE_MODEL_DIR, CORPUS_DIR, DEMO_DATA_DIR, gold_score
 
 log = logging.getLogger("make_demo_data")
@@ -144,32 +144,12 @@ def sample_sets(model, tokenizer, prompts: list[str], n: int, args, gen):
     return [p for p, _ in sets[:n]], [rs for _, rs in sets[:n]]
 
 
-def calibrate_tau(diffs: list[float], agreement: float) -> float:
-    """tau with mean(sigmoid(|diff| / tau)) == agreement over the non-tied pairs (bisection)."""
-    diffs = [abs(d) for d in diffs if d != 0]
-    lo, hi = 1e-4, 100.0
-    for _ in range(100):
-        tau = math.sqrt(lo * hi)
-        expected = sum(1 / (1 + math.exp(-d / tau)) for d in diffs) / len(diffs)
-        lo, hi = (tau, hi) if expected > agreement else (lo, tau)
-    return tau
-
-
-def plackett_luce(golds: list[float], tau: float, rng: random.Random) -> list[int]:
-    """A simulated labeller's ranking (indices, best first)."""
-    left, order = list(range(len(golds))), []
-    while left:
-        weights = [math.exp((golds[i] - max(golds)) / tau) for i in left]
-        order.append(left.pop(rng.choices(range(len(left)), weights)[0]))
-    return order
-
-
 def label(prompts, samples, tau: float, rng: random.Random):
     pairs, rankings, agree = [], [], {"pairs": [0, 0], "rankings": [0, 0]}
     for prompt, responses in zip(prompts, samples, strict=True):
         golds = [gold_score(r) for r in responses]
         for a, b in ((0, 1), (2, 3)):
-            a_wins = rng.random() < 1 / (1 + math.exp(-(golds[a] - golds[b]) / tau))
+            a_wins = prefers(golds[a], golds[b], tau, rng)
             win, lose = (a, b) if a_wins else (b, a)
             pairs.append({"prompt": prompt, "chosen": responses[win], "rejected": responses[lose]})
             if golds[a] != golds[b]:

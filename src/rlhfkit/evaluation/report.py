@@ -6,6 +6,9 @@ model, for PPO at its evaluation points and for best-of-n at several n, the pict
 Gao et al. 2022 ("Scaling Laws for Reward Model Overoptimization", figure 1): the proxy keeps
 rising with KL while the gold score rises, then stalls or falls. Gao et al. put sqrt(KL) on the
 x-axis; we plot KL itself in nats, which reads more directly at the small KLs of the demo.
+With rounds of iterated RLHF, a section per round: the reward model's accuracy on the new
+policy's comparisons before and after retraining, every round's PPO curve on one plot, and
+labelled samples of each round.
 
 Every text of the tables (sample prompts and responses, model names) is escaped for markdown
 and HTML (`text.markdown_cell`): a sample cannot break its row or put a tag in the report.
@@ -28,6 +31,7 @@ logger = logging.getLogger(__name__)
 REPORT_FILE = "report.md"
 PLOTS = "plots"  # the PNGs, next to the report
 OVEROPT_PNG = "gold_proxy_vs_kl.png"
+ROUNDS_PNG = "rounds_gold_proxy_vs_kl.png"
 TABLE_COLUMNS = (
     "model",
     "gold",
@@ -92,7 +96,7 @@ def plot_stage(stage: str, stage_dir: str | Path, png_path: str | Path) -> Path 
     keys = [k for k in STAGE_KEYS.get(stage, ()) if k in logged]
     if not keys:
         return None
-    return Tracker(stage_dir, tensorboard=False).plot(keys, png_path)
+    return Tracker(stage_dir, report_to=[]).plot(keys, png_path)
 
 
 def plot_overoptimization(
@@ -135,6 +139,30 @@ def _label(ax, x: float, y: float, text: str, *, size: int, below: bool) -> None
     """A small text label next to a point (below-right for curves, above-right for models)."""
     offset = (3, -9) if below else (4, 4)
     ax.annotate(text, (x, y), fontsize=size, textcoords="offset points", xytext=offset)
+
+
+def plot_rounds(rounds: Sequence[Mapping[str, Any]], png_path: str | Path) -> Path:
+    """Gold (left) and proxy (right) score against KL to the SFT model at the PPO evaluation
+    points of every round, one curve per round (each round's proxy is its own reward model)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = (("gold", "gold score"), ("reward", "proxy (the round's reward model)"))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        for summary in rounds:
+            points = [p for p in summary.get("points", ()) if p.get(key) is not None]
+            if points:
+                ax.plot(
+                    [p["kl"] for p in points],
+                    [p[key] for p in points],
+                    marker="o",
+                    label=f"round {summary['round']}",
+                )
+        ax.set_xlabel("KL(policy || SFT), nats")
+        ax.set_ylabel(title)
+        ax.set_title(f"{title} against KL, per round")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    return save_figure(fig, png_path)
 
 
 # --------------------------------------------------------------------------- markdown
@@ -249,6 +277,89 @@ def _curves_lines(stage_dirs: Mapping[str, str | Path], run_dir: Path) -> list[s
     return lines + ["TensorBoard: `tensorboard --logdir " + str(run_dir) + "`.", ""]
 
 
+def _accuracy_cells(accuracy: Mapping[str, Any] | None, which: str) -> dict[str, Any]:
+    """The labels and gold accuracy of the ``which`` ('before'/'after') reward model."""
+    measured = (accuracy or {}).get(which) or {}
+    return {
+        f"rm_{which}": measured.get("accuracy"),
+        f"rm_{which}_gold": measured.get("accuracy_gold"),
+    }
+
+
+def _round_row(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """One round in a row: its comparisons, reward models and PPO curve's end and peak."""
+    points = summary.get("points", ())
+    golden = [p for p in points if p.get("gold") is not None]
+    best = max(golden, key=lambda p: p["gold"]) if golden else {}
+    last = points[-1] if points else {}
+    labels, data = summary.get("labels") or {}, summary.get("reward_data") or {}
+    accuracy = summary.get("accuracy")
+    return {
+        "round": summary["round"],
+        "comparisons_from": summary.get("comparisons_from"),
+        "new_records": sum((labels.get("records") or {}).values()) if labels else None,
+        "rm_pairs": data.get("pairs"),
+        **_accuracy_cells(accuracy, "before"),
+        **_accuracy_cells(accuracy, "after"),
+        "accuracy_on": (accuracy or {}).get("on"),
+        "policy_from": summary.get("policy_from"),
+        "best_gold": best.get("gold"),
+        "kl_at_best": best.get("kl"),
+        "final_gold": last.get("gold"),
+        "final_reward": last.get("reward"),
+        "final_kl": last.get("kl"),
+    }
+
+
+def _round_samples(summary: Mapping[str, Any]) -> list[str]:
+    """A round's labelled samples: prompt, then the responses best first, gold in bold."""
+    rows = []
+    for sample in summary.get("samples", ()):
+        golds = sample.get("gold") or [None] * len(sample["responses"])
+        for rank, (text, gold) in enumerate(zip(sample["responses"], golds, strict=True), 1):
+            suffix = "" if gold is None else f" **({gold:+.2f})**"
+            prompt = sample["prompt"] if rank == 1 else ""
+            rows.append({"prompt": prompt, "rank": rank, "response": text.strip() + suffix})
+    if not rows:
+        return []
+    return [
+        f"### Round {summary['round']}: samples of `{markdown_cell(str(summary['comparisons_from']))}`",
+        "",
+        format_table(rows, ["prompt", "rank", "response"]),
+        "",
+    ]
+
+
+def _rounds_lines(rounds: Sequence[Mapping[str, Any]], run_dir: Path) -> list[str]:
+    """Iterated RLHF: per round the comparisons, the reward models before and after, the PPO
+    curve on one plot, and labelled samples of each round's policy."""
+    png = plot_rounds(rounds, run_dir / PLOTS / ROUNDS_PNG)
+    lines = [
+        "## Rounds (iterated RLHF)",
+        "",
+        "Each round >= 2 labels K samples per prompt of the previous round's policy on new "
+        "prompts, trains a reward model on every comparison so far and runs PPO again "
+        "(docs/iterated_rlhf.md).",
+        "",
+        format_table([_round_row(r) for r in rounds]),
+        "",
+        "`comparisons_from`: the policy (round 1: the data) the round's comparisons were "
+        "sampled from. `new_records`: its labelled records; `rm_pairs`: the (better, worse) "
+        "pairs its reward model trained on, all rounds' so far. `rm_before` / `rm_after`: "
+        "accuracy of the previous and of the retrained reward model on the round's "
+        "comparisons (`accuracy_on` says held-out or training ones) against the labels, "
+        "`_gold` against the gold judge's order. `best_gold`, `kl_at_best`: the PPO "
+        "evaluation point with the highest gold score; `final_*`: the last point "
+        "(`final_reward` by the round's own reward model).",
+        "",
+        f"![gold and proxy against KL per round]({png.relative_to(run_dir)})",
+        "",
+    ]
+    for summary in rounds:
+        lines += _round_samples(summary)
+    return lines
+
+
 def write_report(
     run_dir: str | Path,
     result: Mapping[str, Any],
@@ -257,16 +368,19 @@ def write_report(
     ppo_points: Sequence[Mapping[str, Any]] = (),
     timings: Mapping[str, Mapping[str, Any]] | None = None,
     title: str = "rlhfkit pipeline",
+    rounds: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
     """Write ``run_dir/report.md`` and its PNGs (under ``run_dir/plots``); return its path.
 
     ``result``: what ``evaluate`` wrote; ``stage_dirs``: stage name -> run directory with a
-    ``metrics.jsonl``; ``ppo_points``: dicts with iteration, kl, gold, reward.
+    ``metrics.jsonl``; ``ppo_points``: dicts with iteration, kl, gold, reward; ``rounds``: one
+    dict per round of iterated RLHF (``pipeline.rounds.round_summaries``), shown when > 1.
     """
     run_dir = Path(run_dir)
     lines = [
         *_results_lines(result, title),
         *_overoptimization_lines(result, ppo_points, run_dir),
+        *(_rounds_lines(rounds, run_dir) if len(rounds) > 1 else []),
         *_curves_lines(stage_dirs, run_dir),
         "## Samples side by side (gold score in bold)",
         "",

@@ -1,19 +1,22 @@
 """The pipeline's settings: `PipelineConfig` (where it runs, what it starts from, each stage's
 fields) and how it derives every stage's config from it (`stage_configs`: each stage's output
-feeds the next); `DemoConfig` for `rlhfkit demo`. Running them is ``pipeline/run.py``."""
+feeds the next, and with `rounds` > 1 each round's reward model and PPO, `RoundStages`);
+`DemoConfig` for `rlhfkit demo`. Running them is ``pipeline/run.py`` (the rounds:
+``pipeline/rounds.py``)."""
 
 from __future__ import annotations
 
 from argparse import ArgumentError
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import rlhfkit
 from rlhfkit.config import (
     ConfigError,
     RewardConfig,
     SFTConfig,
+    _check_literals,
     config_from_namespace,
     config_parser,
     require,
@@ -29,8 +32,8 @@ class PipelineConfig:
     """The whole pipeline: where it runs, what it starts from, and each stage's settings."""
 
     output_dir: str = "runs/pipeline"
-    """Run directory; each stage writes to a subdirectory (sft, reward, ppo, dpo) and the
-    evaluation and report land at its top."""
+    """Run directory; each stage writes to a subdirectory (sft, reward, ppo, dpo, and
+    round_<r> for rounds >= 2) and the evaluation and report land at its top."""
     base_model: str | None = None
     """Model to start from (hub name or directory); None = the bundled tiny English GPT-2."""
     data_dir: str | None = None
@@ -48,6 +51,46 @@ class PipelineConfig:
     KL: the over-optimisation curve); 0 = only the final evaluation."""
     ppo_eval_prompts: int = 32
     """Held-out prompts per PPO evaluation point."""
+    rounds: int = 1
+    """Rounds of InstructGPT's loop of steps 2 and 3 (docs/iterated_rlhf.md): after the PPO
+    of round r, K responses per prompt are sampled from its policy on new prompts, labelled,
+    the reward model is trained again on every comparison so far and PPO runs again. Each
+    round r >= 2 writes to `round_<r>/` of the run. 1 = the pipeline without rounds."""
+    round_prompts: str | None = None
+    """Prompts the new comparisons of rounds 2.. are sampled for (its `train` split); None =
+    the `prompts` folder of `data_dir`. Prompts of the reward data are left out; round r takes
+    the next `prompts_per_round` of the rest, so no two rounds share a prompt."""
+    prompts_per_round: int = 128
+    """Prompts whose responses are compared in each round >= 2."""
+    responses_per_prompt: int = 4
+    """K, responses sampled per prompt and ranked (2 gives pairs); empty or repeated samples
+    are dropped, and a prompt left with fewer than 2 is left out."""
+    round_heldout: float = 0.2
+    """Share of each round's prompts held out of reward-model training to measure the old and
+    the retrained reward model on the new policy's samples; 0 trains on all (the accuracy is
+    then measured on training data)."""
+    labeller: Literal["simulated", "humans"] = "simulated"
+    """Who ranks the samples of rounds >= 2: 'simulated' (the gold judge of `task` through a
+    noisy Bradley-Terry / Plackett-Luce choice, `labelling/simulated.py`), or 'humans' (the
+    tasks go into `round_<r>/labels.db`, the pipeline stops until `rlhfkit label serve` has
+    collected the votes, and a later start goes on)."""
+    labeller_tau: float | None = None
+    """Noise of the simulated labeller (> 0, larger is noisier); None = `labeller_tau` of the
+    data's `stats.json` (the labeller that made the bundled demo data)."""
+    labels_per_task: int = 1
+    """Votes (skips not counted) every task needs before a human-labelled round is complete."""
+    label_aggregate: Literal["all", "majority"] = "all"
+    """How several votes on one task become training data (`rlhfkit label export --help`)."""
+    round_reward_init: Literal["sft", "previous"] = "sft"
+    """Where each round's reward model starts: the SFT model (a new reward model, as in
+    round 1) or the previous round's reward model (trained on further)."""
+    round_policy_init: Literal["sft", "previous"] = "sft"
+    """Where each round's PPO policy starts: the SFT model (a new policy) or the previous
+    round's policy. The KL reference is the SFT model either way."""
+    round_reward: dict[str, Any] = field(default_factory=dict)
+    """`RewardConfig` fields for the reward models of rounds >= 2, over those of `reward`."""
+    round_ppo: dict[str, Any] = field(default_factory=dict)
+    """`PPOConfig` fields for the PPO of rounds >= 2, over those of `ppo`."""
     sft: dict[str, Any] = field(default_factory=dict)
     """`SFTConfig` fields (`rlhfkit sft --help`) to set, beside those the pipeline derives."""
     reward: dict[str, Any] = field(default_factory=dict)
@@ -70,6 +113,19 @@ class PipelineConfig:
         require(self, "reward_data", bool(self.reward_data), "a folder name under data_dir")
         require(self, "ppo_eval_every", self.ppo_eval_every >= 0, "an integer >= 0")
         require(self, "ppo_eval_prompts", self.ppo_eval_prompts >= 1, "an integer >= 1")
+        _check_literals(self)
+        for name in ("rounds", "prompts_per_round", "labels_per_task"):
+            require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        require(self, "responses_per_prompt", self.responses_per_prompt >= 2, "an integer >= 2")
+        require(self, "round_heldout", 0 <= self.round_heldout < 1, "a share in [0, 1)")
+        tau = self.labeller_tau
+        require(self, "labeller_tau", tau is None or tau > 0, "None or a number > 0")
+        require(
+            self,
+            "labeller",
+            self.rounds == 1 or self.labeller != "simulated" or self.task is not None,
+            "'humans' when `task` is None (the simulated labeller follows the task's gold judge)",
+        )
 
     @property
     def run_dir(self) -> Path:
@@ -89,6 +145,28 @@ class Stages:
     ppo: PPOConfig
     dpo: DPOConfig
     eval: EvalConfig
+    rounds: list[RoundStages] = field(default_factory=list)
+    """Rounds 2.. of iterated RLHF (``PipelineConfig.rounds``); round 1 is reward and ppo."""
+
+
+@dataclass
+class RoundStages:
+    """Round ``number`` >= 2 of iterated RLHF: where it writes and its two training stages."""
+
+    number: int
+    dir: Path
+    """``<run>/round_<number>``: samples/, labels/, reward_data/, rm/, ppo/, ppo_eval/."""
+    policy_before: str
+    """The previous round's policy: its samples are what this round labels."""
+    reward_before: str
+    """The previous round's reward model (measured on this round's comparisons)."""
+    policy_init: str | None
+    """Weights this round's PPO policy starts from, None = the SFT model (its reference)."""
+    reward: RewardConfig
+    ppo: PPOConfig
+
+    def path(self, part: str) -> Path:
+        return self.dir / part
 
 
 def _build(cls: type, section: str, overrides: dict[str, Any], **derived: Any):
@@ -150,7 +228,55 @@ def stage_configs(config: PipelineConfig) -> Stages:
         eval_data=comparisons,
         **split,
     )
-    return Stages(sft, reward, ppo, dpo, _eval_config(config, base, sft, reward, ppo, dpo))
+    rounds = _round_stages(config, sft, reward, ppo)
+    ev = _eval_config(config, base, sft, reward, ppo, dpo, rounds)
+    return Stages(sft, reward, ppo, dpo, ev, rounds)
+
+
+def _round_stages(
+    config: PipelineConfig, sft: SFTConfig, reward: RewardConfig, ppo: PPOConfig
+) -> list[RoundStages]:
+    """Rounds 2..``config.rounds``: each one's reward model and PPO, reading the round before."""
+    if config.round_policy_init == "previous" and {**config.ppo, **config.round_ppo}.get("lora"):
+        raise ConfigError(
+            "PipelineConfig.round_policy_init: 'previous' cannot go with ppo lora: true (a LoRA "
+            "policy is the SFT model plus an adapter, and its reference that model with the "
+            "adapter off); allowed with LoRA: 'sft'"
+        )
+    # The original comparisons are capped by reward.max_train_samples when the round's data is
+    # written (pipeline/rounds.py); the round's reward model then reads all of that file.
+    reward_fields = {k: v for k, v in config.reward.items() if k != "max_train_samples"}
+    split = {"train_split": "train", "eval_split": "test", "seed": config.seed}
+    sft_final = str(sft.final_dir)
+    rounds, policy, rm = [], str(ppo.final_dir), str(reward.final_dir)
+    for number in range(2, config.rounds + 1):
+        where = config.run_dir / f"round_{number}"
+        round_reward = _build(
+            RewardConfig,
+            "round_reward",
+            {**reward_fields, **config.round_reward},
+            model=rm if config.round_reward_init == "previous" else sft_final,
+            output_dir=str(where / "rm"),
+            train_data=str(where / "reward_data" / "train.jsonl"),
+            eval_data=config.data("comparisons"),
+            normalize_data=config.data("sft"),
+            **split,
+        )
+        round_ppo = _build(
+            PPOConfig,
+            "round_ppo",
+            {**config.ppo, **config.round_ppo},
+            model=sft_final,
+            reward_model=str(round_reward.final_dir),
+            output_dir=str(where / "ppo"),
+            train_data=config.data("prompts"),
+            eval_data=config.data("prompts"),
+            **split,
+        )
+        init = policy if config.round_policy_init == "previous" else None
+        rounds.append(RoundStages(number, where, policy, rm, init, round_reward, round_ppo))
+        policy, rm = str(round_ppo.final_dir), str(round_reward.final_dir)
+    return rounds
 
 
 def _eval_config(
@@ -160,10 +286,13 @@ def _eval_config(
     reward: RewardConfig,
     ppo: PPOConfig,
     dpo: DPOConfig,
+    rounds: list[RoundStages],
 ) -> EvalConfig:
-    """The evaluation of every model the pipeline trained, sampled as PPO sampled."""
+    """The evaluation of every model the pipeline trained, sampled as PPO sampled (the
+    policies of rounds >= 2 as `ppo_round<r>`)."""
     sft_final = str(sft.final_dir)
     models = {"base": base, "sft": sft_final, "ppo": str(ppo.final_dir), "dpo": str(dpo.final_dir)}
+    models.update({f"ppo_round{r.number}": str(r.ppo.final_dir) for r in rounds})
     return _build(
         EvalConfig,
         "eval",

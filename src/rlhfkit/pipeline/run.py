@@ -15,9 +15,13 @@ started again; an interrupted one resumes from its newest checkpoint (the traine
 
 During PPO, every ``ppo_eval_every`` iterations, the policy is evaluated on held-out prompts
 (gold score, reward-model score, KL to the SFT model): the over-optimisation picture of
-Gao et al. 2022. PPO is run in slices with ``PPOTrainer.train(stop_after=...)``, which
-checkpoints at the end of each slice and resumes exactly, so the evaluation points do not
-change the training trajectory.
+Gao et al. 2022 (``ppo_eval.py``: PPO in slices that checkpoint and resume exactly, so the
+evaluation points do not change the training trajectory).
+
+With ``rounds`` > 1, InstructGPT's loop follows DPO: comparisons of the last policy, a new
+reward model on every comparison so far, PPO again (``rounds.py``), each round's steps resumed
+as the stages are. With people as labellers the pipeline stops while a round's votes are
+missing, and started again goes on.
 
 The settings, and how each stage's config is derived from them: ``pipeline/config.py``.
 """
@@ -25,18 +29,15 @@ The settings, and how each stage's config is derived from them: ``pipeline/confi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from rlhfkit import checkpoint as ckpt
-from rlhfkit.config import (
-    load_config,
-)
+from rlhfkit.config import load_config
 from rlhfkit.evaluation.evaluate import EvalConfig, evaluate
-from rlhfkit.evaluation.measures import evaluate_policy, gold_scorer
 from rlhfkit.evaluation.report import TABLE_COLUMNS, format_table, load_eval, write_report
 from rlhfkit.pipeline.config import (
     DemoConfig,
@@ -45,12 +46,19 @@ from rlhfkit.pipeline.config import (
     demo_config_path,
     stage_configs,
 )
-from rlhfkit.tracking import Tracker, format_metrics, read_jsonl
+from rlhfkit.pipeline.ppo_eval import PPO_EVAL_DIR, ppo_points, train_ppo
+from rlhfkit.pipeline.rounds import (
+    LabelsPending,
+    RoundPlan,
+    Step,
+    plan_rounds,
+    round_steps,
+    round_summaries,
+)
 
 logger = logging.getLogger(__name__)
 
 TIMINGS_FILE = "pipeline.json"
-PPO_EVAL_DIR = "ppo_eval"
 TRAINING_STAGES = ("sft", "reward", "ppo", "dpo")
 
 
@@ -75,90 +83,24 @@ def run_dpo_stage(config: PipelineConfig, stages: Stages) -> None:
 
 def run_ppo_stage(config: PipelineConfig, stages: Stages) -> None:
     """PPO in slices of ``ppo_eval_every`` iterations, one evaluation point after each."""
-    from rlhfkit.trainers.ppo import PPOTrainer
-
-    trainer = PPOTrainer.from_config(stages.ppo)
-    if config.ppo_eval_every == 0:
-        trainer.train()
-        return
-    fresh = not stages.ppo.resume or ckpt.latest_checkpoint(stages.ppo.output_dir) is None
-    if fresh:  # points of an earlier run would mix with this one's
-        shutil.rmtree(config.run_dir / PPO_EVAL_DIR, ignore_errors=True)
-    points = PPOEvalPoints(config, stages, trainer)
-    if fresh:
-        points.record(0)  # the SFT model itself: KL 0, the curves' origin
-    while not trainer.state.complete:
-        trainer.train(stop_after=config.ppo_eval_every)
-        points.record(trainer.state.step)
-
-
-class PPOEvalPoints:
-    """Gold, proxy and KL of the PPO policy on held-out prompts, logged per iteration to
-    ``<run>/ppo_eval/metrics.jsonl`` (and TensorBoard)."""
-
-    def __init__(self, config: PipelineConfig, stages: Stages, trainer) -> None:
-        from rlhfkit.data import encode_prompts, load_records
-        from rlhfkit.experience.generation import SamplingConfig
-
-        ev, ppo = stages.eval, stages.ppo
-        records = load_records(ev.prompts, "prompts", split=ev.split, limit=config.ppo_eval_prompts)
-        self.prompts, _ = encode_prompts(
-            records,
-            trainer.tokenizer,
-            ev.max_prompt_length,
-            chat_template=trainer.config.chat_template,
-        )
-        self.sampling = SamplingConfig(ppo.max_new_tokens, ppo.temperature)
-        self.trainer, self.gold, self.eval = trainer, gold_scorer(config.task), ev
-        self.dir = config.run_dir / PPO_EVAL_DIR
-        self.done = {row["step"] for row in read_jsonl(self.dir / "metrics.jsonl")}
-
-    def record(self, iteration: int) -> None:
-        from rlhfkit.models.passes import causal_lm
-
-        if iteration in self.done:
-            return
-        trainer = self.trainer
-        with ckpt.preserved_rng():
-            samples = evaluate_policy(
-                causal_lm(trainer.policy),
-                trainer.models.reference,
-                trainer.tokenizer,
-                self.prompts,
-                self.sampling,
-                reward=trainer.scorer,
-                gold=self.gold,
-                seed=self.eval.seed,
-                batch_size=self.eval.batch_size,
-            )
-        point = {
-            "kl": samples.kl.mean().item(),
-            "reward": samples.reward.mean().item(),
-            "prompts": len(self.prompts),
-        }
-        if samples.gold is not None:
-            point["gold"] = samples.gold.mean().item()
-        with Tracker(self.dir, tensorboard=trainer.config.tensorboard) as tracker:
-            tracker.log(point, iteration)
-        self.done.add(iteration)
-        logger.info("PPO iteration %d on held-out prompts: %s", iteration, format_metrics(point))
-
-
-def ppo_points(run_dir: Path) -> list[dict]:
-    """The PPO evaluation points, as the report tabulates them."""
-    rows = read_jsonl(run_dir / PPO_EVAL_DIR / "metrics.jsonl")
-    return [
-        {
-            "iteration": r["step"],
-            **{k: r.get(k) for k in ("kl", "reward", "gold")},
-            "prompts": int(r.get("prompts", 0)),  # the tracker stores every value as a float
-        }
-        for r in rows
-    ]
+    train_ppo(
+        stages.ppo,
+        stages.eval,
+        eval_every=config.ppo_eval_every,
+        eval_prompts=config.ppo_eval_prompts,
+        eval_dir=config.run_dir / PPO_EVAL_DIR,
+        task=config.task,
+    )
 
 
 def run_eval_stage(config: PipelineConfig, stages: Stages) -> None:
     evaluate(stages.eval)
+
+
+def _trained(stages: Stages) -> list:
+    """The configs of every model the evaluation reads."""
+    rounds = [c for r in stages.rounds for c in (r.reward, r.ppo)]
+    return [stages.sft, stages.reward, stages.ppo, stages.dpo, *rounds]
 
 
 def eval_is_current(stages: Stages) -> bool:
@@ -166,9 +108,10 @@ def eval_is_current(stages: Stages) -> bool:
     path = Path(stages.eval.output)
     if not path.is_file():
         return False
-    trained = (stages.sft, stages.reward, stages.ppo, stages.dpo)
-    finals = [Path(c.final_dir) / ckpt.STATE_FILE for c in trained]
-    newest = max((f.stat().st_mtime for f in finals if f.is_file()), default=0.0)
+    finals = [Path(c.final_dir) / ckpt.STATE_FILE for c in _trained(stages)]
+    if not all(f.is_file() for f in finals):
+        return False
+    newest = max(f.stat().st_mtime for f in finals)
     saved = load_eval(path).get("config")
     return saved == dataclasses.asdict(stages.eval) and path.stat().st_mtime >= newest
 
@@ -188,27 +131,53 @@ RUNNERS: dict[str, Callable[[PipelineConfig, Stages], None]] = {
 }
 
 
+def pipeline_steps(config: PipelineConfig, stages: Stages, plan: RoundPlan | None) -> list[Step]:
+    """The stages in order: SFT, reward, PPO, DPO, the rounds >= 2 (``rounds.py``), eval."""
+
+    def stage(name: str) -> Step:
+        return Step(
+            name,
+            functools.partial(_is_done, name, stages),
+            functools.partial(RUNNERS[name], config, stages),
+        )
+
+    rounds = round_steps(config, stages, plan) if plan is not None else []
+    return [*map(stage, ("sft", "reward", "ppo", "dpo")), *rounds, stage("eval")]
+
+
 # --------------------------------------------------------------------------- the run
 def run_pipeline(config: PipelineConfig) -> Path:
-    """Run every stage not yet done, then write the report; returns the report's path."""
+    """Run every stage not yet done, then write the report; returns the report's path, or
+    the labelling database's while a round waits for people's votes (``LabelsPending``)."""
     stages = stage_configs(config)
+    plan = plan_rounds(config, stages)  # the rounds' prompts checked before any training
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     timings_path = run_dir / TIMINGS_FILE
     timings = ckpt.read_json(timings_path) if timings_path.is_file() else {}
     started = time.perf_counter()
-    for number, (stage, runner) in enumerate(RUNNERS.items(), start=1):
-        if _is_done(stage, stages):
-            logger.info("stage %d/%d %s: already done, skipped", number, len(RUNNERS), stage)
-            timings.setdefault(stage, {"seconds": None})["status"] = "skipped (done before)"
+    steps = pipeline_steps(config, stages, plan)
+    for number, step in enumerate(steps, start=1):
+        if step.done():
+            logger.info("stage %d/%d %s: already done, skipped", number, len(steps), step.name)
+            timings.setdefault(step.name, {"seconds": None})["status"] = "skipped (done before)"
             continue
-        logger.info("stage %d/%d %s: starting", number, len(RUNNERS), stage)
+        logger.info("stage %d/%d %s: starting", number, len(steps), step.name)
         stage_started = time.perf_counter()
-        runner(config, stages)
+        pending = step.run()
         seconds = time.perf_counter() - stage_started
-        timings[stage] = {"seconds": seconds, "status": "done"}
+        status = "waiting for labels" if isinstance(pending, LabelsPending) else "done"
+        timings[step.name] = {"seconds": seconds, "status": status}
         ckpt.write_json(timings, timings_path)
-        logger.info("stage %d/%d %s: done in %.1f s", number, len(RUNNERS), stage, seconds)
+        if isinstance(pending, LabelsPending):
+            logger.info("stage %d/%d %s: %s", number, len(steps), step.name, pending.message())
+            return pending.db
+        logger.info("stage %d/%d %s: done in %.1f s", number, len(steps), step.name, seconds)
+    return _write_report(config, stages, timings, started)
+
+
+def _write_report(config: PipelineConfig, stages: Stages, timings: dict, started: float) -> Path:
+    run_dir = config.run_dir
     result = load_eval(stages.eval.output)
     stage_dirs = {s: getattr(stages, s).output_dir for s in TRAINING_STAGES}
     report_started = time.perf_counter()
@@ -216,12 +185,13 @@ def run_pipeline(config: PipelineConfig) -> Path:
         run_dir,
         result,
         stage_dirs,
-        ppo_points=ppo_points(run_dir),
+        ppo_points=ppo_points(run_dir / PPO_EVAL_DIR),
         timings=timings,
         title=f"rlhfkit pipeline `{run_dir}`",
+        rounds=round_summaries(config, stages) if stages.rounds else (),
     )
     timings["report"] = {"seconds": time.perf_counter() - report_started, "status": "done"}
-    ckpt.write_json(timings, timings_path)
+    ckpt.write_json(timings, run_dir / TIMINGS_FILE)
     logger.info(
         "pipeline finished in %.1f s; results on held-out prompts:\n%s\nreport: %s",
         time.perf_counter() - started,
