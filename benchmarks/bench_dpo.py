@@ -78,7 +78,7 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
         model=prepared["model"], output_dir=str(out), train_data=prepared["prefs"],
         eval_data=None, batch_size=PAIRS, max_steps=steps, max_length=MAX_LENGTH,
         learning_rate=LR, beta=BETA, lr_scheduler="constant", max_grad_norm=1.0, log_every=1,
-        cpu=True, seed=42, resume=False, tensorboard=False, precompute_reference=precompute,
+        cpu=True, seed=42, resume=False, report_to=[], precompute_reference=precompute,
         mixed_precision="bf16" if mode.endswith("+bf16") else "no",
     )  # fmt: skip
     tokenizer = load_tokenizer(config.model)

@@ -69,7 +69,7 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
         batch_size=PROMPTS, num_generations=GENERATIONS, max_new_tokens=NEW_TOKENS,
         max_steps=steps, learning_rate=LR, beta=BETA, lr_scheduler="constant",
         max_grad_norm=1.0, log_every=1, sample_every=steps, cpu=True, seed=42, resume=False,
-        tensorboard=False, mixed_precision="bf16" if mode.endswith("+bf16") else "no",
+        report_to=[], mixed_precision="bf16" if mode.endswith("+bf16") else "no",
     )  # fmt: skip
     tokenizer = load_tokenizer(config.model)
     model = load_causal_lm(config.model, tokenizer=tokenizer)

@@ -180,7 +180,7 @@ def main() -> None:
         mixed_precision="no" if args.fp32 else "bf16",
         cpu=True,
         seed=42,
-        tensorboard=False,
+        report_to=[],
         attn_implementation=args.attn,
         parallel_critic=False if args.one_after_the_other else None,
         padding_free=not args.padded,

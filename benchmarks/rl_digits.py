@@ -80,7 +80,7 @@ def ppo_config(args, out: Path) -> PPOConfig:
         rollout_batch_size=RESPONSES_PER_ITER, batch_size=8, ppo_epochs=4,
         max_new_tokens=args.max_new_tokens, temperature=1.0, kl_coef=args.ppo_kl,
         learning_rate=args.ppo_lr, lr_scheduler="linear", critic="separate",
-        mixed_precision="bf16", cpu=True, tensorboard=False, resume=False, save_every=0,
+        mixed_precision="bf16", cpu=True, report_to=[], resume=False, save_every=0,
     )  # fmt: skip
 
 
@@ -94,7 +94,7 @@ def group_config(args, out: Path, advantage: str) -> GRPOConfig:
         num_generations=GENERATIONS, max_steps=args.iterations,
         max_new_tokens=args.max_new_tokens, temperature=1.0, learning_rate=args.group_lr,
         lr_scheduler="constant", beta=args.group_beta, mixed_precision="bf16", cpu=True,
-        tensorboard=False, resume=False, save_every=0, log_every=1,
+        report_to=[], resume=False, save_every=0, log_every=1,
     )  # fmt: skip
 
 

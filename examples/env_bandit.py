@@ -11,7 +11,7 @@ hacks the digits reward with "411 411 355 ...". The model defaults to the bundle
 import argparse
 
 from rlhfkit.experience.generation import SamplingConfig
-from rlhfkit.experience.scorer_loading import parse_scorer
+from rlhfkit.experience.scorer_loading import reward_function_scorer
 from rlhfkit.interact.env import LMAgent, TextEnv
 from rlhfkit.tasks import BASE_MODEL_DIR
 
@@ -27,8 +27,9 @@ def main() -> None:
 
     sampling = SamplingConfig(max_new_tokens=24, temperature=0.9)
     agent = LMAgent.from_pretrained(args.model, sampling=sampling, seed=args.seed)
-    fluency = parse_scorer("perplexity", model=agent.model)
-    env = TextEnv(PROMPTS, parse_scorer("digits"), agent.tokenizer, metrics=[fluency])
+    fluency = reward_function_scorer("perplexity", model=agent.model)
+    digits = reward_function_scorer("digits")
+    env = TextEnv(PROMPTS, digits, agent.tokenizer, metrics=[fluency])
 
     obs, info = env.reset(seed=args.seed)
     for episode in range(args.episodes):

@@ -85,7 +85,7 @@ def test_config_names_a_bad_sampling_field():
 
 
 def test_rlhfkit_chat_in_a_pseudo_terminal(tiny_model_dir):
-    command = f"{RLHFKIT} chat --model {tiny_model_dir} --reward digits --max_new_tokens 8 --seed 0"
+    command = f"{RLHFKIT} chat --model {tiny_model_dir} --reward_functions digits --max_new_tokens 8 --seed 0"
     child = pexpect.spawn(command, encoding="utf-8", timeout=120)
     try:
         child.expect("/quit")  # the banner

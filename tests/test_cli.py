@@ -76,7 +76,7 @@ def test_sft_and_rm_commands_train_and_save(tiny_model_dir, tmp_path):
     )
     out = _cli(
         "sft", "--config", str(sft_yaml), "--output_dir", "runs/sft", "--max_steps", "2",
-        "--cpu", "true", "--tensorboard", "false", cwd=tmp_path,
+        "--cpu", "true", "--report_to", "none", cwd=tmp_path,
     )  # fmt: skip
     final = tmp_path / "runs" / "sft" / "final"
     assert str(final) in out
@@ -120,3 +120,44 @@ def test_a_trl_name_for_an_option_the_command_lacks_is_a_plain_unknown_option(ca
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "unrecognized arguments: --num_ppo_epochs" in err and "did you mean" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "ours"),
+    [
+        (["chat", "--model", "m", "--reward", "gold"], "--reward", "--reward_model DIR"),
+        (["sample", "--prompt", "hi", "--reward=digits"], "--reward", "--reward_functions NAME"),
+        (["bon", "--scorer", "runs/rm/final"], "--scorer", "--reward_model DIR (a reward model)"),
+        (["bon", "--out", "picks.jsonl"], "--out", "--output"),
+        (["sft", "--tensorboard", "false"], "--tensorboard", "--report_to tensorboard, or"),
+    ],
+)
+def test_a_former_option_name_is_refused_naming_the_new_one(capsys, argv, flag, ours):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized option {flag} (a former name); did you mean --" in err
+    assert ours in err and "Traceback" not in err
+
+
+def test_one_value_of_a_list_option_is_a_list_of_one():
+    from rlhfkit.cli import _list_fields, _lists_of_one
+    from rlhfkit.config import config_from_namespace, config_parser
+    from rlhfkit.trainers.ppo_config import PPOConfig
+
+    args = ["--reward_functions", "gold", "--reward_weights=0.5", "--report_to", "none"]
+    args += ["--reward_model", "null", "--lora_target_modules", "[c_attn, c_proj]"]
+    fields = _list_fields(PPOConfig)
+    assert {"reward_functions", "reward_weights", "report_to", "lora_target_modules"} <= fields
+    parsed = config_parser(PPOConfig).parse_args(_lists_of_one(args, fields))
+    config = config_from_namespace(PPOConfig, parsed)
+    assert config.reward_functions == ["gold"] and config.reward_weights == [0.5]
+    assert config.report_to == ["none"] and config.lora_target_modules == ["c_attn", "c_proj"]
+    assert config.reward_model is None
+
+
+def test_a_former_name_in_a_config_file_is_refused_naming_the_file(capsys, tmp_path):
+    old = tmp_path / "bon.yaml"
+    old.write_text("model: runs/sft/final\nscorer: gold\n")
+    assert main(["bon", "--config", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized key 'scorer' in {old} (a former name); did you mean --reward_model" in err

@@ -53,7 +53,7 @@ def _config(tmp_path, **overrides):
         lr_scheduler="constant",
         log_every=5,
         cpu=True,
-        tensorboard=False,
+        report_to=[],
         resume=False,
     )
     fields.update(overrides)

@@ -65,10 +65,10 @@ def sft(place, *args):
     return ["sft", "--model", place.model, "--eval_data", "null", "--output_dir", out, *args]
 
 
-def sample(place, reward, model=None):
+def sample(place, reward, model=None, field="--reward_functions"):
     model = model or place.model
     return ["sample", "--model", model, "--prompt", "the cat", "--num_samples", "2",
-            "--max_new_tokens", "3", "--reward", reward]  # fmt: skip
+            "--max_new_tokens", "3", field, reward]  # fmt: skip
 
 
 # id: (argv of the command, exit code, what the message must say)
@@ -119,7 +119,7 @@ CASES = {
     "reward spec without colon": (
         lambda p: sample(p, "nocolon"),
         2,
-        ["reward 'nocolon': not a known scorer nor a directory; allowed: digits"],
+        ["reward function 'nocolon': not a known scorer; allowed: digits"],
     ),
     "reward module missing": (
         lambda p: sample(p, "rlhfkit_no_such_module:f"),
@@ -137,9 +137,9 @@ CASES = {
         ["module rlhfkit.tasks has a dict 'REWARD_FUNCTIONS'"],
     ),
     "reward model without head": (
-        lambda p: sample(p, p.model),
+        lambda p: sample(p, p.model, field="--reward_model"),
         2,
-        ["has no score_head.json, so it is not a reward model"],
+        ["not a reward model (its config.json names no *ForSequenceClassification"],
     ),
     # reward functions that run and fail: the sample is named
     "reward NaN": (

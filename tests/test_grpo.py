@@ -30,7 +30,7 @@ def _config(tmp_path, **overrides):
         log_every=5,
         sample_every=10,
         cpu=True,
-        tensorboard=False,
+        report_to=[],
         resume=False,
         seed=0,
     )

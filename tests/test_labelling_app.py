@@ -339,7 +339,7 @@ def test_exported_votes_train_a_reward_model_and_dpo_unchanged(client, tmp_path,
     records = load_records(out, "comparisons")
     assert len(records) == 3
     common = {"train_data": str(out), "eval_data": None, "max_steps": 1, "batch_size": 2}
-    common |= {"cpu": True, "tensorboard": False, "max_length": 64}
+    common |= {"cpu": True, "report_to": [], "max_length": 64}
     rm_dir = tmp_path / "rm"
     run_reward(RewardConfig(model=str(tiny_model_dir), output_dir=str(rm_dir), **common))
     assert (rm_dir / "final").is_dir()

@@ -57,7 +57,7 @@ def _trainer(model_dir, tokenizer, out, no_dropout=False, **overrides):
         lr_scheduler="cosine",
         log_every=1,
         cpu=True,
-        tensorboard=False,
+        report_to=[],
     )
     fields.update(overrides)
     config = TrainConfig(**fields)

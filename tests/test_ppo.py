@@ -32,7 +32,7 @@ def _config(tmp_path, **overrides):
         max_new_tokens=8,
         learning_rate=1e-3,
         lr_scheduler="constant",
-        tensorboard=False,
+        report_to=[],
         resume=False,
         seed=0,
     )

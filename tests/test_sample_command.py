@@ -11,7 +11,7 @@ def test_sample_prints_each_continuation_with_its_reward(tiny_model_dir):
     prompts = '["the cat sat", "a dog ran"]'
     cmd = [sys.executable, "-m", "rlhfkit.cli", "sample", "--model", str(tiny_model_dir)]
     cmd += ["--prompt", prompts, "--num_samples", "2", "--max_new_tokens", "6"]
-    cmd += ["--reward", "digits", "--seed", "3"]
+    cmd += ["--reward_functions", "digits", "--seed", "3"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
     lines = [line for line in out.splitlines() if " |" in line]
     assert [line.split("] ", 1)[1].split(" |")[0] for line in lines] == [

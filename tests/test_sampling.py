@@ -99,10 +99,11 @@ def test_bon_command_writes_picks_and_summary(tiny_model_dir, tmp_path):
     out = tmp_path / "bon" / "picks.jsonl"
     config = BestOfNConfig(
         model=str(tiny_model_dir),
-        scorer="rlhfkit.tasks:digits_reward",
+        reward_model=None,
+        reward_functions=["digits"],
         n=4,
         prompts=str(prompts),
-        out=str(out),
+        output=str(out),
         max_new_tokens=8,
         device="cpu",
     )

@@ -42,7 +42,7 @@ def _config(tmp_path, model_dir, **overrides):
         log_every=5,
         eval_every=15,
         cpu=True,
-        tensorboard=False,
+        report_to=[],
         max_length=64,
     )
     fields.update(overrides)

@@ -27,7 +27,7 @@ def test_samples_go_to_jsonl_and_markdown(tmp_path):
 
 
 def test_plot_writes_png(tmp_path):
-    with Tracker(tmp_path, tensorboard=False) as tracker:
+    with Tracker(tmp_path, report_to=[]) as tracker:
         for step in range(1, 5):
             tracker.log({"train/loss": 1.0 / step}, step)
         png = tracker.plot(["train/loss", "eval/missing"], tmp_path / "curves.png")
@@ -35,11 +35,11 @@ def test_plot_writes_png(tmp_path):
 
 
 def test_resume_drops_rows_after_the_checkpoint(tmp_path):
-    with Tracker(tmp_path, tensorboard=False) as tracker:
+    with Tracker(tmp_path, report_to=[]) as tracker:
         for step in range(1, 6):
             tracker.log({"loss": step}, step)
         tracker.log_samples([{"text": "late"}], step=5)
-    with Tracker(tmp_path, resume_step=3, tensorboard=False) as tracker:
+    with Tracker(tmp_path, resume_step=3, report_to=[]) as tracker:
         tracker.log({"loss": 40}, 4)
     assert [r["loss"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 40]
     assert read_jsonl(tmp_path / "samples.jsonl") == []

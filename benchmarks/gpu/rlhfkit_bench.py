@@ -71,7 +71,7 @@ def common_fields(w: wl.Workload, args, out: str) -> dict:
         "attn_implementation": "sdpa",
         "cpu": not torch.cuda.is_available(),
         "seed": 42,
-        "tensorboard": False,
+        "report_to": [],
     }
 
 

@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 import torch
 
 from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.tracking import report_to_problem
 
 # The bundled default (rlhfkit/assets), found from the package so any working directory works.
 ASSETS = str(Path(__file__).resolve().parent / "assets")
@@ -137,12 +138,26 @@ class TrainConfig:
     """Autocast precision: 'no' (fp32) or 'bf16'."""
     cpu: bool = False
     """Train on the CPU even if an accelerator is available."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass instead of
+    keeping them from the forward pass (activation checkpointing): the activations of one
+    block at a time instead of all, for about one more forward pass of compute."""
+    fsdp: bool = False
+    """Shard the trained models' weights, gradients and optimiser state over the processes
+    (torch FSDP2, one unit per transformer block) instead of holding a whole copy on each
+    (DDP). Also on when launched with accelerate's FSDP config (ACCELERATE_USE_FSDP=true)."""
     attn_implementation: Literal["eager", "sdpa"] | None = None
     """Attention kernel of every model the stage runs; None picks 'eager' for bf16 on a CPU
     (torch's CPU flash-attention is several times slower in bf16 than in fp32 on short
     sequences: benchmarks/bench_ppo.py) and keeps the model's own otherwise."""
-    tensorboard: bool = True
-    """Write TensorBoard events (metrics.jsonl is always written)."""
+    report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])
+    """Where metrics go besides metrics.jsonl (always written: resume and the report read
+    it): any of tensorboard (events in `output_dir`/tb), wandb, mlflow, or [none] for none.
+    wandb and MLflow get one run per stage, named after `output_dir`, with the config as its
+    hyperparameters; their packages are not installed with rlhfkit (`pip install wandb`,
+    `pip install mlflow`). One name on the command line is a list of one: `--report_to wandb`."""
+    project: str = "rlhfkit"
+    """The wandb project (or MLflow experiment) the run is reported to."""
     chat_template: bool = True
     """Give plain-string prompts to a tokenizer that has a chat template as one user message
     through that template (what an instruct model was trained on); False keeps them raw text.
@@ -173,6 +188,9 @@ class TrainConfig:
         require(self, "keep_last", self.keep_last >= 1, "an integer >= 1")
         require(self, "model", bool(self.model), "a model name or directory")
         require(self, "output_dir", bool(self.output_dir), "a directory path")
+        problem = report_to_problem(self.report_to)
+        require(self, "report_to", problem is None, problem or "")
+        require(self, "project", bool(self.project), "a wandb project / MLflow experiment name")
 
     @property
     def effective_batch_size(self) -> int:
@@ -312,25 +330,31 @@ class EvalPromptOptions:
 
 
 @dataclass
-class ScorerOptions:
-    """Fields of the stages scored by a reward model and/or Python functions."""
+class RewardOptions:
+    """What scores a response, with the same three fields in every command that scores (ppo,
+    grpo, rloo, bon, chat, sample): a reward model and/or reward functions, summed with weights
+    (``scorer_loading.build_scorer``)."""
 
     reward_model: str | None = None
     """Reward model directory (from `rlhfkit rm`); None if only reward functions score."""
     reward_functions: list[str] = dataclasses.field(default_factory=list)
-    """Python scorers `module:function`, each `f(prompts, responses) -> list[float]`."""
+    """Reward functions by name: digits, gold, sentiment (the bundled tasks), perplexity
+    (under the policy), perplexity:PATH (under the causal LM at PATH), or module:function, a
+    Python `f(prompts, responses) -> list[float]` (imported and run: name only code you trust).
+    One name on the command line is a list of one: `--reward_functions gold`."""
     reward_weights: list[float] | None = None
     """Weights of [reward_model, *reward_functions] in the total score; None = all 1."""
-    missing_eos_penalty: float | None = None
-    """Subtract this from the score of responses that hit max_new_tokens without EOS."""
 
-    def _check_scorers(self) -> None:
-        penalty = self.missing_eos_penalty
-        require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
+    @property
+    def has_scorer(self) -> bool:
+        """Whether a reward model or a reward function is named."""
+        return self.reward_model is not None or bool(self.reward_functions)
+
+    def _check_rewards(self, required: bool = True) -> None:
         require(
             self,
             "reward_model",
-            self.reward_model is not None or bool(self.reward_functions),
+            self.has_scorer or not required,
             "a directory, unless reward_functions are given",
         )
         n_scorers = (self.reward_model is not None) + len(self.reward_functions)
@@ -340,6 +364,19 @@ class ScorerOptions:
             self.reward_weights is None or len(self.reward_weights) == n_scorers,
             f"None or {n_scorers} numbers (one per scorer: reward_model, *reward_functions)",
         )
+
+
+@dataclass
+class ScorerOptions(RewardOptions):
+    """`RewardOptions` of the RL stages, with the missing-EOS penalty of their rewards."""
+
+    missing_eos_penalty: float | None = None
+    """Subtract this from the score of responses that hit max_new_tokens without EOS."""
+
+    def _check_scorers(self) -> None:
+        penalty = self.missing_eos_penalty
+        require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
+        self._check_rewards()
 
 
 @dataclass

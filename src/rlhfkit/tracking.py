@@ -1,13 +1,21 @@
-"""Run tracking: TensorBoard, a JSONL log of every metric, a progress bar, sample texts, plots.
+"""Run tracking: a JSONL log of every metric, TensorBoard, wandb or MLflow, a progress bar,
+sample texts, plots.
 
-One `Tracker` per run directory. Every `log()` call writes all its numbers to TensorBoard (to
-browse) and `metrics.jsonl` (one JSON object per call, with `step` and wall-clock `time`, easy
-to load with pandas or `json`). A person watches the few a stage names (`watch`: loss and lr
-for SFT, score, KL and entropy for PPO): in a terminal on one tqdm bar, with log messages
-printed above it (tqdm's logging redirection), and elsewhere (CI, a file, `nohup`) as one log
-line per `log()` call, with no carriage-return redraws. Sample texts go to TensorBoard's text
-tab and to `samples.jsonl`, so reward hacking is *seen*, not guessed. `plot()` draws PNG
-curves from the JSONL with matplotlib's headless Agg backend.
+One `Tracker` per run directory. Every `log()` call writes all its numbers to `metrics.jsonl`
+(one JSON object per call, with `step` and wall-clock `time`, easy to load with pandas or
+`json`; always written, since resume and the report read it) and to the trackers `report_to`
+names: TensorBoard (to browse; the default), wandb, MLflow. wandb and MLflow go through
+accelerate's trackers (`accelerate.tracking`): one run per run directory, named after it, in
+the `project` given, with the config as its hyperparameters, finished by `close()`. A resumed
+run continues the same wandb/MLflow run (`tracker_runs.json` keeps its id); as their steps only
+go forward, what an interrupted run logged after its checkpoint stays as it was logged there.
+
+A person watches the few metrics a stage names (`watch`: loss and lr for SFT, score, KL and
+entropy for PPO): in a terminal on one tqdm bar, with log messages printed above it (tqdm's
+logging redirection), and elsewhere (CI, a file, `nohup`) as one log line per `log()` call,
+with no carriage-return redraws. Sample texts go to TensorBoard's text tab, wandb's tables and
+`samples.jsonl`, so reward hacking is *seen*, not guessed. `plot()` draws PNG curves from the
+JSONL with matplotlib's headless Agg backend.
 
 Only the main process should write; pass `enabled=False` on the others and every method becomes
 a no-op. On resume, pass `resume_step`: lines logged after that step by the interrupted run are
@@ -20,9 +28,11 @@ neither double nor lose a step. Sample texts in TensorBoard's markdown are escap
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,12 +42,32 @@ from typing import Any
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
+from rlhfkit.errors import UsageError
 from rlhfkit.text import markdown_cell
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
+RUNS_FILE = "tracker_runs.json"  # the wandb / MLflow run ids, for a resumed run to continue
+
+REPORT_TO = ("tensorboard", "wandb", "mlflow")
+"""The trackers `report_to` may name (each its own package); "none" alone names none."""
+
+
+def report_to_problem(report_to: Sequence[str]) -> str | None:
+    """What a `report_to` list should be instead, if it names an unknown tracker, "none"
+    beside a tracker, or a tracker whose package is not installed; None if it is fine."""
+    allowed = f"a list of {', '.join(REPORT_TO)}, or [none] (metrics.jsonl is always written)"
+    if isinstance(report_to, str):
+        return allowed
+    unknown = [name for name in report_to if name not in (*REPORT_TO, "none")]
+    if unknown or ("none" in report_to and len(set(report_to)) > 1):
+        return allowed
+    for name in report_to:
+        if name != "none" and importlib.util.find_spec(name) is None:
+            return f"trackers that are installed: {name} is not (`pip install {name}`)"
+    return None
 
 
 def _to_number(value: Any) -> float:
@@ -78,7 +108,10 @@ class Tracker:
         run_dir: directory for `metrics.jsonl`, `samples.jsonl` and TensorBoard events (`tb/`).
         enabled: write anything at all (False on non-main processes).
         resume_step: the step a resumed run restarts from; later rows are discarded.
-        tensorboard: also write TensorBoard events.
+        report_to: the trackers to write to besides `metrics.jsonl` (`REPORT_TO`).
+        project: the wandb project / MLflow experiment of the run (MLflow's
+            MLFLOW_EXPERIMENT_NAME, when set, wins, as accelerate has it).
+        hparams: the run's config, stored as the hyperparameters of a new wandb/MLflow run.
     """
 
     def __init__(
@@ -87,7 +120,9 @@ class Tracker:
         *,
         enabled: bool = True,
         resume_step: int | None = None,
-        tensorboard: bool = True,
+        report_to: Sequence[str] = ("tensorboard",),
+        project: str = "rlhfkit",
+        hparams: Mapping[str, Any] | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
@@ -96,6 +131,10 @@ class Tracker:
         self._progress: tuple[str, int] | None = None  # (what, total steps) when not a bar
         self._watch: dict[str, str] = {}
         self._redirect = contextlib.ExitStack()
+        self._external: list[Any] = []  # accelerate's wandb / MLflow trackers
+        problem = report_to_problem(report_to)
+        if problem is not None:
+            raise UsageError(f"report_to = {list(report_to)!r}: expected {problem}")
         if not enabled:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -103,12 +142,17 @@ class Tracker:
             for name in (METRICS_FILE, SAMPLES_FILE):
                 if (self.run_dir / name).exists():
                     _truncate_after(self.run_dir / name, resume_step)
-        if tensorboard:
+        if "tensorboard" in report_to:
             # Imported here: TensorBoard's import is slow and not needed when disabled.
             from torch.utils.tensorboard import SummaryWriter
 
             purge_step = None if resume_step is None else resume_step + 1
             self._writer = SummaryWriter(str(self.run_dir / "tb"), purge_step=purge_step)
+        for name in ("wandb", "mlflow"):
+            if name in report_to:
+                self._external.append(
+                    _start_run(name, self.run_dir, project, bool(resume_step), hparams or {})
+                )
 
     @property
     def metrics_path(self) -> Path:
@@ -154,6 +198,8 @@ class Tracker:
         if self._writer is not None:
             for key, value in values.items():
                 self._writer.add_scalar(key, value, step)
+        for tracker in self._external:
+            tracker.log(values, step=int(step))
         watched = {name: values[key] for name, key in self._watch.items() if key in values}
         if watched and self._bar is not None:
             self._bar.set_postfix_str(format_metrics(watched), refresh=False)
@@ -176,6 +222,11 @@ class Tracker:
                 f.write(json.dumps({"step": int(step), "tag": tag, **row}, default=str) + "\n")
         if self._writer is not None:
             self._writer.add_text(tag, _markdown_table(rows), step)
+        for tracker in self._external:
+            if tracker.name == "wandb":  # MLflow has no table of accelerate's; see samples.jsonl
+                columns = list(dict.fromkeys(key for row in rows for key in row))
+                data = [[row.get(c) for c in columns] for row in rows]
+                tracker.log_table(tag, columns=columns, data=data, step=int(step))
 
     def plot(self, keys: Iterable[str], png_path: str | Path) -> Path:
         """Draw each metric in `keys` against step (one panel each) from `metrics.jsonl`."""
@@ -198,7 +249,7 @@ class Tracker:
         return save_figure(fig, png_path)
 
     def close(self) -> None:
-        """Flush and close TensorBoard and the progress bar."""
+        """Flush and close the trackers (finishing a wandb/MLflow run) and the progress bar."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
@@ -207,12 +258,40 @@ class Tracker:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        for tracker in self._external:
+            tracker.finish()
+        self._external = []
 
     def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _start_run(name: str, run_dir: Path, project: str, resuming: bool, hparams: Mapping) -> Any:
+    """A started wandb or MLflow run (accelerate's tracker) named after `run_dir`: a new one,
+    given `hparams`, or when `resuming`, the one whose id `RUNS_FILE` keeps."""
+    from accelerate import PartialState
+    from accelerate.tracking import MLflowTracker, WandBTracker
+
+    PartialState()  # accelerate's trackers log through its state (the loop's Accelerator made it)
+    runs_path = run_dir / RUNS_FILE
+    runs = json.loads(runs_path.read_text(encoding="utf-8")) if runs_path.is_file() else {}
+    run_id = runs.get(name) if resuming else None
+    run_name = run_dir.resolve().name
+    if name == "wandb":
+        # wandb's files go in the run directory, unless WANDB_DIR says where.
+        where = {} if os.environ.get("WANDB_DIR") else {"dir": str(run_dir)}
+        tracker = WandBTracker(project, name=run_name, id=run_id, resume="allow", **where)
+    else:
+        tracker = MLflowTracker(experiment_name=project, run_id=run_id, run_name=run_name)
+    tracker.start()
+    if run_id is None:
+        tracker.store_init_configuration(dict(hparams))
+    runs[name] = tracker.run.id if name == "wandb" else tracker.active_run.info.run_id
+    runs_path.write_text(json.dumps(runs) + "\n", encoding="utf-8")
+    return tracker
 
 
 def _markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -31,7 +31,7 @@ from rlhfkit.evaluation.measures import (
     summarize,
 )
 from rlhfkit.experience.generation import SamplingConfig
-from rlhfkit.experience.scorer_loading import load_reward_model
+from rlhfkit.experience.scorer_loading import load_reward_scorer
 from rlhfkit.experience.scorers import RewardModelScorer
 from rlhfkit.interact.sampling import model_device
 from rlhfkit.models.loading import check_model_source, freeze, load_causal_lm, load_tokenizer
@@ -141,7 +141,7 @@ class _Setup:
     tokenizer: Any
     prompts: list[list[int]]
     sampling: SamplingConfig
-    reward_model: nn.Module | None
+    reward_model: RewardModelScorer | None
     reference: nn.Module
     common: dict[str, Any]  # reward, gold, seed, batch_size for evaluate_policy
 
@@ -157,9 +157,9 @@ class _Setup:
         )
         rm = None
         if config.reward_model is not None:
-            rm = load_reward_model(config.reward_model, tokenizer).to(device)
+            rm = load_reward_scorer(config.reward_model, tokenizer).to(device)
         common = {
-            "reward": None if rm is None else RewardModelScorer(rm),
+            "reward": rm,
             "gold": gold_scorer(config.task),
             "seed": config.seed,
             "batch_size": config.batch_size,
@@ -219,7 +219,9 @@ def evaluate(config: EvalConfig) -> list[dict]:
     accuracy = None
     if comparisons is not None:
         gold_fn = None if config.task is None else REWARD_FUNCTIONS[config.task]
-        accuracy = reward_model_accuracy(setup.reward_model, setup.tokenizer, comparisons, gold_fn)
+        rm = setup.reward_model  # its own tokenizer, if it has one: comparisons are texts
+        tokenizer = rm.tokenizer or setup.tokenizer
+        accuracy = reward_model_accuracy(rm.model, tokenizer, comparisons, gold_fn)
     result = {
         "rows": table,
         "best_of_n": curve,

@@ -1,10 +1,12 @@
 """Talk to any checkpoint in the terminal, with each reply's reward shown.
 
-``rlhfkit chat --model PATH [--reward SCORER]``. The history is kept and rendered as ``env.LMAgent`` renders it (chat template, else
-"User: ...\\nAssistant:"); type ``/reset`` to clear it and ``/quit`` (or end of input, Ctrl-D)
-to leave. ``--reward`` takes any ``scorer_loading.parse_scorer`` spec: ``digits``, ``gold``,
-``perplexity``, a reward model directory, ``module:function``. The reward of a reply is scored
-given the conversation before it, as ``env.TextEnv`` would.
+``rlhfkit chat --model PATH [--reward_model DIR] [--reward_functions NAME]``. The history is
+kept and rendered as ``env.LMAgent`` renders it (chat template, else "User: ...\\nAssistant:");
+type ``/reset`` to clear it and ``/quit`` (or end of input, Ctrl-D) to leave. The scorer is named
+as in every command that scores (``config.RewardOptions``): a reward model directory and/or
+reward functions (``digits``, ``gold``, ``perplexity``, ``perplexity:PATH``,
+``module:function``), weighted. The reward of a reply is scored given the conversation before
+it, as ``env.TextEnv`` would.
 
 This module is the terminal UI, so it prints; the library underneath logs. Whatever it prints
 from a model or a user goes through ``text.terminal_text``: a sampled ESC, CR or OSC sequence
@@ -17,10 +19,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlhfkit.config import ConfigError, checked_sampling
+from rlhfkit.config import ConfigError, RewardOptions, checked_sampling
 from rlhfkit.data import Message, pad
 from rlhfkit.experience.generation import SamplingConfig
-from rlhfkit.experience.scorer_loading import parse_scorer
+from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import Scorer
 from rlhfkit.interact.env import LMAgent, score_texts, token_budget
 from rlhfkit.text import terminal_text
@@ -69,16 +71,14 @@ def chat_loop(
         messages.append({"role": "assistant", "content": reply})
 
 
-@dataclass
-class ChatConfig:
-    """Chat in the terminal with a causal LM checkpoint, each reply's reward shown."""
+@dataclass(kw_only=True)
+class ChatConfig(RewardOptions):
+    """Chat in the terminal with a causal LM checkpoint, each reply's reward shown.
+
+    The reward_* fields name the scorer; with none named, no reward is shown."""
 
     model: str
     """Checkpoint directory (or hub name) of a causal LM and its tokenizer."""
-    reward: str | None = None
-    """Scorer of each reply: digits, gold, sentiment, perplexity, perplexity:PATH, a reward
-    model directory, or module:function (imports and runs that code: name only code you
-    trust); None shows no reward."""
     temperature: float = 0.7
     """Sampling temperature (> 0)."""
     top_p: float = 0.9
@@ -95,6 +95,7 @@ class ChatConfig:
     """Seed of the sampler, for reproducible replies; None draws a fresh one."""
 
     def __post_init__(self) -> None:
+        self._check_rewards(required=False)
         self.sampling  # noqa: B018 (checks the sampling fields)
 
     @property
@@ -102,22 +103,36 @@ class ChatConfig:
         return checked_sampling(self)
 
 
+def _scorer(config: RewardOptions, agent: LMAgent) -> Scorer | None:
+    """The scorer the config names, on the agent's device (bare perplexity under its model);
+    None when it names none."""
+    if not config.has_scorer:
+        return None
+    scorer = build_scorer(
+        config.reward_model,
+        config.reward_functions,
+        config.reward_weights,
+        tokenizer=agent.tokenizer,
+        model=agent.model,
+    )
+    return scorer.to(agent.device)
+
+
 def run_chat(config: ChatConfig) -> None:
     """Load the model (and the reward's scorer), then chat until /quit or end of input."""
     # Tokenisation reports, one per turn, would interleave with the conversation.
     logging.getLogger("rlhfkit.data").setLevel(logging.WARNING)
     agent = LMAgent.from_pretrained(config.model, sampling=config.sampling, seed=config.seed)
-    scorer = None
-    if config.reward is not None:
-        scorer = parse_scorer(config.reward, tokenizer=agent.tokenizer, model=agent.model)
-        scorer.to(agent.device)
+    scorer = _scorer(config, agent)
     print(BANNER.format(model=terminal_text(config.model)), flush=True)
     chat_loop(agent, scorer, system=config.system)
 
 
-@dataclass
-class SampleConfig:
-    """Print sampled continuations of prompts, to see what any checkpoint writes."""
+@dataclass(kw_only=True)
+class SampleConfig(RewardOptions):
+    """Print sampled continuations of prompts, to see what any checkpoint writes.
+
+    Each is shown with its score when the reward_* fields name a scorer."""
 
     model: str
     """Checkpoint directory (or hub name) of a causal LM and its tokenizer."""
@@ -135,8 +150,6 @@ class SampleConfig:
     """Nucleus sampling mass, in (0, 1]."""
     greedy: bool = False
     """Always take the most likely token (one sample per prompt is then enough)."""
-    reward: str | None = None
-    """Scorer shown beside each continuation (as in `rlhfkit chat --reward`); None shows none."""
     seed: int = 0
     """Seed of the sampler."""
 
@@ -145,6 +158,7 @@ class SampleConfig:
             raise ConfigError(f"SampleConfig.num_samples={self.num_samples}: must be >= 1")
         if not self.prompt:
             raise ConfigError("SampleConfig.prompt is empty: give at least one --prompt")
+        self._check_rewards(required=False)
         self.sampling  # noqa: B018 (checks the sampling fields)
 
     @property
@@ -166,10 +180,8 @@ def run_sample(config: SampleConfig) -> None:
         tok.decode(row[mask.bool()], skip_special_tokens=True)
         for row, mask in zip(out.response, out.response_mask, strict=True)
     ]
-    scores = None
-    if config.reward is not None:
-        scorer = parse_scorer(config.reward, tokenizer=tok, model=agent.model)
-        scorer.to(agent.device)
+    scorer, scores = _scorer(config, agent), None
+    if scorer is not None:
         scores = score_texts(scorer, tok, prompts, texts, token_budget(tok), agent.device)
     for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
         shown = f"[{scores[i].item():+.3f}] " if scores is not None else ""

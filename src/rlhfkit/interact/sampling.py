@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rlhfkit.config import DEMO_DATA, SamplingOptions, require
+from rlhfkit.config import DEMO_DATA, RewardOptions, SamplingOptions, require
 from rlhfkit.data import PromptCollator, PromptRecord, encode_prompts, load_records
 from rlhfkit.experience.generation import SamplingConfig, generate
-from rlhfkit.experience.scorer_loading import parse_scorer
+from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import ScoreInput, Scorer
 from rlhfkit.models.loading import freeze, load_causal_lm, load_tokenizer
 
@@ -222,14 +222,15 @@ def write_demonstrations(result: BestOfN, path: str | Path) -> Path:
 
 
 @dataclass
-class BestOfNConfig(SamplingOptions):
-    """Best-of-n sampling from a model, written as demonstrations (rejection sampling)."""
+class BestOfNConfig(RewardOptions, SamplingOptions):
+    """Best-of-n sampling from a model, written as demonstrations (rejection sampling).
+
+    The reward_* fields name what scores the samples (bare perplexity: under `model`)."""
 
     model: str = "runs/sft/final"
     """Causal LM to sample from (name or directory)."""
-    scorer: str = "runs/rm/final"
-    """What scores the samples: a reward model directory, 'sentiment', 'digits', 'gold',
-    'perplexity' (under `model`), 'perplexity:PATH' or 'module:function'."""
+    reward_model: str | None = "runs/rm/final"
+    """Reward model directory (from `rlhfkit rm`); None if only reward functions score."""
     n: int = 16
     """Samples per prompt; the best one is kept."""
     prompts: str = f"{DEMO_DATA}/prompts"
@@ -238,7 +239,7 @@ class BestOfNConfig(SamplingOptions):
     """Split of `prompts` to read when it is a dataset with splits."""
     max_prompts: int | None = None
     """Use only the first this many prompts; None uses all."""
-    out: str = "runs/bon/demonstrations.jsonl"
+    output: str = "runs/bon/demonstrations.jsonl"
     """Where the picks are written (JSONL prompt/response/score); a summary goes next to it."""
     max_prompt_length: int = 128
     """Prompts longer than this many tokens keep their last tokens."""
@@ -251,17 +252,24 @@ class BestOfNConfig(SamplingOptions):
 
     def __post_init__(self) -> None:
         self._check_sampling()
+        self._check_rewards()
         for name in ("n", "max_prompt_length", "prompts_per_batch"):
             require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         require(self, "max_prompts", self.max_prompts is None or self.max_prompts >= 1, ">= 1")
 
 
 def run_bon(config: BestOfNConfig) -> Path:
-    """The ``rlhfkit bon`` command: best-of-n picks to ``config.out``, summary beside it."""
+    """The ``rlhfkit bon`` command: best-of-n picks to ``config.output``, summary beside it."""
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tokenizer = load_tokenizer(config.model)
     policy = freeze(load_causal_lm(config.model, tokenizer=tokenizer)).to(device)
-    scorer = parse_scorer(config.scorer, tokenizer=tokenizer, model=policy).to(device)
+    scorer = build_scorer(
+        config.reward_model,
+        config.reward_functions,
+        config.reward_weights,
+        tokenizer=tokenizer,
+        model=policy,
+    ).to(device)
     records = load_records(config.prompts, "prompts", split=config.split, limit=config.max_prompts)
     result = best_of_n(
         policy,
@@ -274,8 +282,13 @@ def run_bon(config: BestOfNConfig) -> Path:
         prompts_per_batch=config.prompts_per_batch,
         seed=config.seed,
     )
-    path = write_demonstrations(result, config.out)
-    summary = {**result.summary(), "scorer": config.scorer, "model": config.model}
+    path = write_demonstrations(result, config.output)
+    scorer_fields = ("reward_model", "reward_functions", "reward_weights")
+    summary = {
+        **result.summary(),
+        **{name: getattr(config, name) for name in scorer_fields},
+        "model": config.model,
+    }
     summary_path = path.with_suffix(".summary.json")
     summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     logger.info(
