@@ -1,6 +1,7 @@
 """Masked reductions and padding helpers (rlhfkit.ops.masks)."""
 
 import math
+import threading
 
 import pytest
 import torch
@@ -65,6 +66,39 @@ def test_masked_whiten():
     kept = masked_whiten(X, MASK, shift_mean=False)
     torch.testing.assert_close(kept[real].mean(), torch.tensor(3.0))
     torch.testing.assert_close(kept[real], white[real] + 3.0)
+
+
+class PairSum:
+    """An all-reduce (sum) between two threads, as two data-parallel processes would do it."""
+
+    def __init__(self):
+        self.barrier, self.slots = threading.Barrier(2, timeout=10), [None, None]
+
+    def reduce_for(self, index):
+        def reduce(tensor):
+            self.slots[index] = tensor
+            self.barrier.wait()
+            total = self.slots[0] + self.slots[1]
+            self.barrier.wait()  # both have read before either writes again
+            return total
+
+        return reduce
+
+
+def test_masked_whiten_over_two_processes_is_the_whole_batchs():
+    halves = [(X[:1], MASK[:1]), (X[1:], MASK[1:])]
+    pair, results = PairSum(), [None, None]
+
+    def whiten(index):
+        x, mask = halves[index]
+        results[index] = masked_whiten(x, mask, reduce=pair.reduce_for(index))
+
+    threads = [threading.Thread(target=whiten, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    torch.testing.assert_close(torch.cat(results), masked_whiten(X, MASK))
 
 
 @st.composite

@@ -11,7 +11,9 @@
 Each command is one line in `COMMANDS`: a config dataclass and a `run(config)` function, both
 named as "module:attribute" and imported only when that command runs, so `rlhfkit --help`
 answers without loading torch. Options come from jsonargparse: a YAML file (`--config`), then
-`--field value` overrides, then the dataclass's own checks (`ConfigError` names the field).
+`--field value` overrides, then the dataclass's own checks (`ConfigError` names the field). One
+value for a list field is a list of one (`--report_to wandb`); a TRL option name, or one that
+rlhfkit used before, stops with "did you mean" and ours (`TRL_NAMES`, `OLD_NAMES`).
 
 One error path: a failure is one paragraph on stderr (what, where, what is allowed, what to do)
 and an exit code, 2 for what the user gave (an option, a config value, a data file, a model
@@ -25,10 +27,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import json
 import logging
 import os
 import sys
 import traceback
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +57,8 @@ class Command:
     """One line for `rlhfkit --help`."""
     aliases: tuple[str, ...] = ()
     """Other names for the command."""
+    distributed: bool = False
+    """Whether it runs as one of several processes under a launcher (the training stages)."""
 
 
 COMMANDS: dict[str, Command] = {
@@ -60,17 +66,20 @@ COMMANDS: dict[str, Command] = {
         "rlhfkit.config:SFTConfig",
         "rlhfkit.trainers.sft:run_sft",
         "supervised fine-tuning on demonstrations (InstructGPT step 1)",
+        distributed=True,
     ),
     "rm": Command(
         "rlhfkit.config:RewardConfig",
         "rlhfkit.trainers.reward:run_reward",
         "reward model on comparisons or K-way rankings (InstructGPT step 2)",
         aliases=("reward",),
+        distributed=True,
     ),
     "ppo": Command(
         "rlhfkit.trainers.ppo_config:PPOConfig",
         "rlhfkit.trainers.ppo:run_ppo",
         "PPO against the reward model with a KL penalty to the SFT model (InstructGPT step 3)",
+        distributed=True,
     ),
     "chat": Command(
         "rlhfkit.interact.chat:ChatConfig",
@@ -101,16 +110,19 @@ COMMANDS: dict[str, Command] = {
         "rlhfkit.trainers.dpo_config:DPOConfig",
         "rlhfkit.trainers.dpo:run_dpo",
         "direct preference optimisation (DPO, IPO, cDPO) on comparisons",
+        distributed=True,
     ),
     "grpo": Command(
         "rlhfkit.trainers.grpo_config:GRPOConfig",
         "rlhfkit.trainers.grpo:run_grpo",
         "critic-free RL with group-relative advantages (GRPO, Dr. GRPO)",
+        distributed=True,
     ),
     "rloo": Command(
         "rlhfkit.trainers.grpo_config:RLOOConfig",
         "rlhfkit.trainers.grpo:run_grpo",
         "critic-free RL with the leave-one-out baseline (RLOO)",
+        distributed=True,
     ),
     "bon": Command(
         "rlhfkit.interact.sampling:BestOfNConfig",
@@ -223,7 +235,6 @@ TRL_NAMES = {
     "resume_from_checkpoint": ("resume", "--resume true"),
     "bf16": ("mixed_precision", "--mixed_precision bf16"),
     "use_cpu": ("cpu", "--cpu true"),
-    "report_to": ("tensorboard", "--tensorboard true|false (metrics.jsonl is always written)"),
     "use_peft": ("lora", "--lora true"),
     "max_completion_length": ("max_new_tokens", "--max_new_tokens"),
     "response_length": ("max_new_tokens", "--max_new_tokens"),
@@ -235,18 +246,94 @@ TRL_NAMES = {
 }
 
 
-def _refuse_trl_spellings(name: str, args: Sequence[str], fields: set[str]) -> None:
-    """A TRL option name that this command has under another name: a usage error naming ours."""
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if not flag.startswith("--") or flag[2:] in fields:
+_SCORER = (
+    "--reward_model DIR (a reward model) or --reward_functions NAME (digits, gold, sentiment, "
+    "perplexity, perplexity:PATH or module:function)"
+)
+
+# rlhfkit's own former names of options -> (our field, what to write); refused as TRL's are.
+OLD_NAMES = {
+    "reward": ("reward_functions", _SCORER),
+    "scorer": ("reward_functions", _SCORER),
+    "tensorboard": ("report_to", "--report_to tensorboard, or --report_to none"),
+    "out": ("output", "--output"),
+}
+
+
+def _refuse_other_spellings(name: str, args: Sequence[str], fields: set[str]) -> None:
+    """A TRL option name, or a former one of ours, that this command has under another name,
+    given as an option or as a key of a `--config` file: a usage error naming ours."""
+    for given, where in _given_names(args):
+        if given in fields:
             continue
-        ours = TRL_NAMES.get(flag[2:].replace("-", "_"))
-        if ours is not None and ours[0] in fields:
-            raise UsageError(
-                f"unrecognized option {flag} (TRL's name); did you mean {ours[1]}? "
-                f"`rlhfkit {name} --help` lists every option"
-            )
+        for names, whose in ((TRL_NAMES, "TRL's name"), (OLD_NAMES, "a former name")):
+            ours = names.get(given.replace("-", "_"))
+            if ours is not None and ours[0] in fields:
+                raise UsageError(
+                    f"unrecognized {where} ({whose}); did you mean {ours[1]}? "
+                    f"`rlhfkit {name} --help` lists every option"
+                )
+
+
+def _given_names(args: Sequence[str]) -> list[tuple[str, str]]:
+    """(name, where it was given) of every option of `args` and every key of its config files."""
+    given = []
+    for i, arg in enumerate(args):
+        flag, equals, value = arg.partition("=")
+        if not flag.startswith("--"):
+            continue
+        given.append((flag[2:], f"option {flag}"))
+        if flag == "--config" and (equals or i + 1 < len(args)):
+            path = value if equals else args[i + 1]
+            given += [(key, f"key {key!r} in {path}") for key in _yaml_keys(path)]
+    return given
+
+
+def _yaml_keys(path: str) -> list[str]:
+    """The top-level keys of a YAML file; none if it does not read (jsonargparse says why)."""
+    import yaml
+
+    try:
+        loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    return [str(key) for key in loaded] if isinstance(loaded, dict) else []
+
+
+def _list_fields(config_cls: type) -> set[str]:
+    """The fields of `config_cls` that hold a list (or None)."""
+    hints = typing.get_type_hints(config_cls)
+    return {
+        name
+        for name, hint in hints.items()
+        if list in (typing.get_origin(hint), *map(typing.get_origin, typing.get_args(hint)))
+    }
+
+
+def _lists_of_one(args: Sequence[str], list_fields: set[str]) -> list[str]:
+    """`--field value` (or `--field=value`) for a list field, the value one item, read as the
+    list of that item: `--reward_functions gold` is `--reward_functions '[gold]'`."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        flag, equals, value = arg.partition("=")
+        if not flag.startswith("--") or flag[2:] not in list_fields:
+            continue
+        if equals:
+            out[i] = f"{flag}={_as_list(value)}"
+        elif i + 1 < len(out) and not out[i + 1].startswith("--"):
+            out[i + 1] = _as_list(out[i + 1])
+    return out
+
+
+def _as_list(value: str) -> str:
+    """One YAML scalar as a one-item list; anything else (a list, null, a mapping) as it is."""
+    import yaml
+
+    try:
+        item = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    return json.dumps([item]) if isinstance(item, str | int | float) else value
 
 
 def run_command(name: str, args: Sequence[str]) -> Any:
@@ -257,15 +344,29 @@ def run_command(name: str, args: Sequence[str]) -> Any:
     if resolved is None:
         raise SystemExit(f"rlhfkit: unknown command {name!r}; see `rlhfkit --help`")
     name, command = resolved
+    _refuse_several_processes(name, command)
     config_cls = _load(command.config)
-    _refuse_trl_spellings(name, args, {f.name for f in dataclasses.fields(config_cls)})
+    _refuse_other_spellings(name, args, {f.name for f in dataclasses.fields(config_cls)})
     parser = config_parser(config_cls, prog=f"rlhfkit {name}")
-    namespace = parser.parse_args(list(args))
+    namespace = parser.parse_args(_lists_of_one(args, _list_fields(config_cls)))
     try:
         config = config_from_namespace(config_cls, namespace)
     except ConfigError as error:
         parser.error(str(error))
     return _load(command.run)(config), config
+
+
+def _refuse_several_processes(name: str, command: Command) -> None:
+    """Only the training stages divide their work over processes; any other command run by
+    each of several processes would repeat its work and race on its files."""
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if processes > 1 and not command.distributed:
+        stages = ", ".join(n for n, c in COMMANDS.items() if c.distributed)
+        raise UsageError(
+            f"`rlhfkit {name}` runs in one process, and it was started in {processes} "
+            f"(WORLD_SIZE={processes}); launch only the training stages ({stages}) with "
+            "torchrun or accelerate launch, and run the others as plain commands"
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -282,8 +383,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _top_parser().parse_args(argv)
         return 2
     name, args = found
+    # Under a launcher (torchrun, accelerate launch) every process runs this; the first one
+    # tells what happens, the others only warn.
+    main_process = os.environ.get("RANK", "0") == "0"
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.INFO if main_process else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     debug = "--debug" in flags or os.environ.get(DEBUG_ENV, "0") not in ("", "0")
     try:
@@ -295,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as error:  # the one error path
         return _fail(name, error, debug)
-    _print_summary(name, config, result)
+    if main_process:
+        _print_summary(name, config, result)
     return 0
 
 
@@ -340,7 +446,8 @@ def _print_summary(name: str, config: Any, result: Any) -> None:
         print(f"  run directory:  {run_dir} (metrics.jsonl, curves.png, checkpoints)")
         # The directory itself: TensorBoard finds every stage's events below it (a pipeline
         # writes <run>/<stage>/tb).
-        print(f"  TensorBoard:    tensorboard --logdir {run_dir}")
+        if "tensorboard" in getattr(config, "report_to", ["tensorboard"]):
+            print(f"  TensorBoard:    tensorboard --logdir {run_dir}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import torch
 
 from rlhfkit.ops.masks import position_ids_from_mask, truncate_after_eos
 from rlhfkit.runtime.decoding import CACHE_IMPLEMENTATIONS, decoder_for
+from rlhfkit.runtime.distributed import all_over_ranks
+from rlhfkit.runtime.sharding import is_sharded
 
 
 @dataclass
@@ -149,6 +151,7 @@ def generate(
     logits = decoder.prefill(query, positions)  # (B, V)
     next_position = positions[:, -1:] + 1  # (B, 1)
     finished = torch.zeros(len(query), dtype=torch.bool, device=query.device)
+    stopped = all_over_ranks if is_sharded(model) else bool
     pad_index = torch.tensor([pad_token_id], device=query.device)
     tokens = []
     for step in range(config.max_new_tokens):
@@ -158,8 +161,9 @@ def generate(
         token = token.masked_fill(finished, pad_token_id)
         tokens.append(token)
         finished |= token == eos_token_id
-        # The last step needs no forward; neither does a batch in which every row has stopped.
-        if step == config.max_new_tokens - 1 or bool(finished.all()):
+        # The last step needs no forward; neither does a batch in which every row has stopped,
+        # on every process when the model is sharded (each forward gathers from all of them).
+        if step == config.max_new_tokens - 1 or stopped(finished.all()):
             break
         logits = decoder.step(token, next_position, step)
         next_position = next_position + 1

@@ -21,6 +21,7 @@ import torch
 
 from rlhfkit.ops.losses import kl_penalty
 from rlhfkit.ops.masks import last_token_index
+from rlhfkit.runtime.distributed import gather_over_ranks
 
 
 # --------------------------------------------------------------------------- score processing
@@ -97,7 +98,8 @@ def process_scores(
     """Apply, in order, the missing-EOS penalty, running normalisation and clipping.
 
     ``scores`` (B,), ``eos_emitted`` (B,) bool. ``moments`` is updated with the penalised
-    scores of this batch (only when normalising).
+    scores of this batch (only when normalising); in a data-parallel run, with every
+    process's scores, in rank order, so that each process normalises as one would.
     """
     if options.missing_eos_penalty is not None:
         penalised = (
@@ -107,7 +109,7 @@ def process_scores(
         )
         scores = torch.where(eos_emitted, scores, penalised)
     if options.normalize != "none":
-        moments.update(scores)
+        moments.update(gather_over_ranks(scores))
         shift = moments.mean if options.normalize == "standardize" else 0.0
         scores = (scores - shift) / max(moments.std, 1e-8)
     if options.clip is not None:

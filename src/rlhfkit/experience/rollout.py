@@ -43,6 +43,7 @@ from rlhfkit.models.passes import (
 from rlhfkit.ops.advantages import gae
 from rlhfkit.ops.logprobs import entropy_from_logits
 from rlhfkit.ops.masks import masked_mean, masked_var, masked_whiten
+from rlhfkit.runtime.distributed import sum_over_ranks
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.runtime.packing import packing_enabled
 from rlhfkit.runtime.parallel import run_parallel
@@ -277,8 +278,8 @@ class ExperienceMaker:
         )
         mask = out.response_mask
         advantages, returns = gae(rewards, values, mask, settings.gamma, settings.lam)  # 5
-        if settings.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+        if settings.whiten_advantages:  # over the whole batch, on every process
+            advantages = masked_whiten(advantages, mask, reduce=sum_over_ranks)
         return Rollout(
             query=query,
             query_mask=query_mask,

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from rlhfkit.data import IGNORE_INDEX
 from rlhfkit.ops.logprobs import shifted_logprobs, token_logprobs
@@ -58,6 +59,12 @@ class ValueHeadLM(nn.Module):
         hidden = out.hidden_states[-1]  # (B, T, H), after the final layer norm
         values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # (B, T)
         return out.logits, values
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The module inside a data-parallel wrapper (DDP), which forwards calls to it but hides
+    its type and attributes; ``model`` itself otherwise."""
+    return model.module if isinstance(model, DistributedDataParallel) else model
 
 
 def causal_lm(policy: nn.Module) -> nn.Module:
@@ -114,7 +121,7 @@ def response_logits(
     columns = _predicting(inputs, response_len)
     rows = inputs.get("packed_rows")
     keep = columns if rows is None else rows.keep(columns)
-    if isinstance(model, ValueHeadLM):
+    if isinstance(unwrapped(model), ValueHeadLM):
         logits, values = model(**inputs, logits_to_keep=keep)
         values = _read(values, inputs, columns)  # (B, Tr)
     else:

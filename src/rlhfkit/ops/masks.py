@@ -13,6 +13,8 @@ n / (n - 1)), and whitened padded positions are set to 0 instead of holding garb
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 
@@ -20,6 +22,14 @@ def _check_same_shape(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if x.shape != mask.shape:
         raise ValueError(f"mask shape {tuple(mask.shape)} does not match x shape {tuple(x.shape)}")
     return mask != 0
+
+
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _local(total: torch.Tensor) -> torch.Tensor:
+    """The reduction of a batch held by one process: nothing to add."""
+    return total
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -40,38 +50,50 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return masked_sum(x, mask, dim) / count.clamp(min=1)
 
 
-def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+def masked_var(
+    x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True, reduce: Reduce | None = None
+) -> torch.Tensor:
     """Variance of ``x`` over all real positions (a scalar).
 
     ``unbiased=True`` applies Bessel's correction n / (n - 1) as TRL's ``masked_var`` does.
+    ``reduce``, when given, sums a tensor over the processes that hold the other rows of the
+    batch (data parallel), so that the variance is the whole batch's.
 
     Raises:
         ValueError: fewer than 2 real positions (1 with ``unbiased=False``).
     """
+    reduce = reduce or _local
     real = _check_same_shape(x, mask)
-    count = int(real.sum())
+    total = reduce(real.sum())
+    count = int(total)
     needed = 2 if unbiased else 1
     if count < needed:
         raise ValueError(
             f"masked_var needs at least {needed} real positions (unbiased={unbiased}), got {count}"
         )
-    centred = x - masked_mean(x, mask)
-    variance = masked_mean(centred**2, mask)
+    centred = x - reduce(masked_sum(x, mask)) / total.clamp(min=1)
+    variance = reduce(masked_sum(centred**2, mask)) / total.clamp(min=1)
     return variance * count / (count - 1) if unbiased else variance
 
 
 def masked_whiten(
-    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+    x: torch.Tensor,
+    mask: torch.Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    reduce: Reduce | None = None,
 ) -> torch.Tensor:
     """Normalise real positions to unit variance (and zero mean if ``shift_mean``).
 
     ``shift_mean=False`` keeps the mean, as lm-human-preferences does when whitening rewards
     (shifting the rewards' mean would change the incentive to end episodes early or late).
-    Padded positions of the result are 0.
+    Padded positions of the result are 0. ``reduce``: as in ``masked_var``, for statistics
+    over the whole batch of a data-parallel run.
     """
+    reduce = reduce or _local
     real = _check_same_shape(x, mask)
-    mean = masked_mean(x, mask)
-    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
+    mean = reduce(masked_sum(x, mask)) / reduce(real.sum()).clamp(min=1)
+    whitened = (x - mean) * torch.rsqrt(masked_var(x, mask, reduce=reduce) + eps)
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(real, whitened, torch.zeros_like(whitened))

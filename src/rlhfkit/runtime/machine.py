@@ -1,16 +1,23 @@
 """The machine a run uses, chosen once at start-up: device, precision, attention kernel and the
 speed-ups that belong to a kind of device, so that no algorithm's signature carries them.
 
-``Runtime.from_config(config)`` reads four fields every stage has (``cpu``,
-``mixed_precision``, ``attn_implementation`` through ``config.attention``, and PPO's
-``parallel_critic``) and decides:
+``Runtime.from_config(config)`` reads the fields every stage has (``cpu``,
+``mixed_precision``, ``attn_implementation`` through ``config.attention``,
+``gradient_checkpointing``, ``fsdp``, and PPO's ``parallel_critic``) and decides:
 
 - the device: the GPU when there is one and ``cpu`` is off, else the CPU;
 - the precision: bf16 autocast or none (weights, optimiser state and loss math stay fp32);
 - the attention kernel of every model the run touches (``prepare``), with the fused GELU and,
   where asked, padding-free passes (``packing.py``);
 - on a CPU, memory kept for the next step (``allocator.py``) and independent model work side
-  by side on half the cores each (``parallel.py``); on a GPU, neither.
+  by side on half the cores each (``parallel.py``); on a GPU, neither;
+- the processes of a data-parallel run (``distributed.py``): making the runtime joins the
+  launcher's processes (accelerate's ``PartialState``), and each process takes its own GPU.
+  Side by side is off with several processes: its threads would issue the two models'
+  collectives in an order that differs between processes. The trained models are replicated
+  (DDP, through accelerate) or, with ``fsdp``, sharded (``sharding.py``); one process has
+  nothing to shard with, and runs its models whole (with a warning);
+- activation checkpointing of the trained models, where asked.
 
 Like nanoGPT's flagged lines at the edge of its loop, these are the only places where the
 device shows; the trainers, the experience maker and the losses ask this object.
@@ -19,15 +26,22 @@ device shows; the trainers, the experience maker and the losses ask this object.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from typing import Any
 
 import torch
+from accelerate import PartialState
 from torch import nn
 from transformers import PreTrainedModel
 
 from rlhfkit.runtime.activations import fuse_gelu
 from rlhfkit.runtime.allocator import retain_freed_memory
 from rlhfkit.runtime.packing import enable_packing
+
+logger = logging.getLogger(__name__)
+
+FSDP_ENV = "ACCELERATE_USE_FSDP"  # set by `accelerate launch` with an FSDP config
 
 
 def prepare_model(
@@ -58,18 +72,39 @@ class Runtime:
     """The attention kernel set on every model; None keeps each model's own."""
     side_by_side: bool
     """Independent model passes run at once, each on half the CPU's threads."""
+    rank: int = 0
+    """This process's index in a data-parallel run."""
+    world: int = 1
+    """Processes in the run."""
+    checkpointing: bool = False
+    """Trained models recompute their blocks' activations in the backward pass."""
+    sharded: bool = False
+    """Trained models are sharded over the processes (FSDP2) instead of replicated (DDP)."""
 
     @classmethod
     def from_config(cls, config: Any) -> Runtime:
         """The runtime a stage's config asks for (see the module docstring)."""
         cuda = torch.cuda.is_available() and not config.cpu
-        device = torch.device("cuda" if cuda else "cpu")
+        state = PartialState(cpu=not cuda)  # joins the launcher's processes, if any
+        device = state.device if cuda else torch.device("cpu")
         side_by_side = getattr(config, "parallel_critic", None)
+        if side_by_side is None:
+            side_by_side = device.type == "cpu"
+        fsdp = getattr(config, "fsdp", False) or os.environ.get(FSDP_ENV, "").lower() == "true"
+        if fsdp and state.num_processes == 1:
+            logger.warning(
+                "fsdp: one process has no others to shard its models over; they run whole. "
+                "Launch several (torchrun --nproc_per_node N, docs/distributed.md)"
+            )
         return cls(
             device=device,
             bf16=config.mixed_precision == "bf16",
             attention=config.attention,
-            side_by_side=device.type == "cpu" if side_by_side is None else side_by_side,
+            side_by_side=side_by_side and state.num_processes == 1,
+            rank=state.process_index,
+            world=state.num_processes,
+            checkpointing=getattr(config, "gradient_checkpointing", False),
+            sharded=fsdp and state.num_processes > 1,
         )
 
     def start(self) -> None:
@@ -81,7 +116,19 @@ class Runtime:
         """The precision context of a model pass."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
-    def prepare(self, model: nn.Module, packed: bool = False) -> nn.Module:
+    def prepare(self, model: nn.Module, packed: bool = False, trained: bool = False) -> nn.Module:
         """``model`` on this device with this attention kernel, the fused GELU and, with
-        ``packed``, padding-free passes."""
+        ``packed``, padding-free passes; a ``trained`` model with activation checkpointing
+        where asked."""
+        if trained and self.checkpointing:
+            checkpoint_activations(model)
         return prepare_model(model, self.attention, packed).to(self.device)
+
+
+def checkpoint_activations(model: nn.Module) -> nn.Module:
+    """Turn on transformers' activation checkpointing (non-reentrant, so frozen inputs and
+    LoRA need no special care) in every transformer inside ``model``."""
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel) and module.supports_gradient_checkpointing:
+            module.activation_checkpointing_enable({"use_reentrant": False})
+    return model

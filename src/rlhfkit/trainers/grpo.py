@@ -11,6 +11,11 @@
 Every formula comes from ``ops`` (group advantages, ``ppo_policy_loss``, ``kl_k3``), sampling
 from the experience maker (``rollout.ExperienceMaker.sample``), scoring from ``rewards``.
 
+Data parallel: each process takes its own prompts and samples their whole groups (a group
+never spans processes), from a stream seeded by the batch's place in the data, so N processes
+with a micro-batch each sample and learn what one process with N accumulated micro-batches
+does.
+
 One optimiser step per sampled batch, as TRL's ``GRPOTrainer`` with ``num_iterations=1``:
 each micro-batch samples its own groups from the current policy, so the "old" log-probs of
 the ratio are the current ones detached (the ratio is 1 and the clip is inactive; the
@@ -45,7 +50,9 @@ from rlhfkit.ops.advantages import group_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits
 from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
+from rlhfkit.runtime.distributed import stream_seed
 from rlhfkit.runtime.packing import enable_packing
+from rlhfkit.runtime.sharding import shard
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.loop import WATCH_RL, Batch
 from rlhfkit.trainers.policy import PolicyTrainer
@@ -111,6 +118,8 @@ class GRPOTrainer(PolicyTrainer):
         scorer = scorer.to(self.accelerator.device)
         for model in scorer.models():  # a reward model: the same GELU and attention
             self.runtime.prepare(model, packed=config.padding_free)
+            if self.runtime.sharded:
+                shard(model)
         settings = RolloutSettings(
             sampling=config.sampling,
             scores=ScoreOptions(missing_eos_penalty=config.missing_eos_penalty),
@@ -120,6 +129,16 @@ class GRPOTrainer(PolicyTrainer):
         # The policy's and the reference's passes take packed inputs only if both can.
         self.packed = models.packed
         self.eval_prompts = list(eval_prompts)
+        self.sample_generator = torch.Generator(self.accelerator.device)
+
+    def next_batch(self) -> Batch:
+        """The next prompts, and the sampling stream re-seeded from their place in the data:
+        a batch's groups are the same whichever process samples them, on any number of
+        processes, and after a resume (nothing to save)."""
+        batch = super().next_batch()
+        number = self.stream.number(self.state.batch_index - 1)
+        self.sample_generator.manual_seed(stream_seed(self.config.seed, self.state.epoch, number))
+        return batch
 
     @property
     def scorer(self) -> Scorer:
@@ -157,9 +176,7 @@ class GRPOTrainer(PolicyTrainer):
         k = cfg.num_generations
         query = batch["query"].repeat_interleave(k, dim=0)  # (B, Tq), groups contiguous
         query_mask = batch["query_mask"].repeat_interleave(k, dim=0)  # (B, Tq)
-        # The global RNG (seeded by the loop, saved in checkpoints): a resumed run samples
-        # exactly what the uninterrupted one would have.
-        samples, eos_emitted = self.sample(query, query_mask)
+        samples, eos_emitted = self.sample(query, query_mask, self.sample_generator)
         generated = time.perf_counter()
         raw_scores = self.scorer(samples)  # (B,)
         options = self.maker.settings.scores
@@ -276,7 +293,9 @@ def run_grpo(config: GRPOConfig) -> Path:
     reference = None
     if config.reference and config.beta > 0:
         reference = load_causal_lm(config.reference, tokenizer=tokenizer)
-    scorer = build_scorer(config.reward_model, config.reward_functions, config.reward_weights)
+    scorer = build_scorer(
+        config.reward_model, config.reward_functions, config.reward_weights, tokenizer=tokenizer
+    )
     trainer = GRPOTrainer(
         config, model, tokenizer, prompts, scorer, eval_prompts, reference=reference
     )

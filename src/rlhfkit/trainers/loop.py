@@ -32,11 +32,16 @@ writes `final/` (model + tokenizer + `trainer_state.json` with `"complete": true
 `resume=True` a complete run is skipped. Evaluation runs with the random streams saved and
 restored around it, so `eval_every` never changes the training trajectory.
 
+Several processes: the trained model is replicated through accelerate (DDP: the gradients are
+averaged once per optimiser step) or, with ``fsdp``, sharded (``runtime/sharding.py``; its
+checkpoints hold the whole model, gathered, and each process's optimiser shard). Only the main
+process writes; every process saves its random streams.
+
 Departures from the HF Trainer: each micro-batch's loss is its own mean, divided by the number
 of accumulated micro-batches (no re-weighting by token counts across micro-batches); bf16
 autocast comes from the runtime, not from accelerate's process-wide mixed-precision setting
-(so stages of different precision can run in one process); no fp16 loss scaling and no sharded
-optimisers (FSDP, DeepSpeed).
+(so stages of different precision can run in one process); no fp16 loss scaling and no
+DeepSpeed.
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +65,14 @@ from torch import nn
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.config import TrainConfig
+from rlhfkit.errors import UsageError
 from rlhfkit.models.loading import check_model_source
 from rlhfkit.runtime.machine import Runtime
+from rlhfkit.runtime.sharding import (
+    ShardedModel,
+    load_local_optimizer_state,
+    local_optimizer_state,
+)
 from rlhfkit.tracking import Tracker, format_metrics
 from rlhfkit.trainers.optim import Learner, build_optimizer
 
@@ -141,8 +152,13 @@ class Stream:
         if index >= self.batches_per_epoch:
             epoch, index = epoch + 1, 0
         order = epoch_order(self.num_examples, self.seed, epoch)
-        start = (index * self.world + self.rank) * self.batch_size
+        start = self.number(index) * self.batch_size
         return epoch, index + 1, order[start : start + self.batch_size]
+
+    def number(self, index: int) -> int:
+        """The place in its pass, counted over all processes, of this process's batch
+        `index`: the same batch of examples has the same number whatever the world size."""
+        return index * self.world + self.rank
 
 
 class Trainer:
@@ -183,8 +199,9 @@ class Trainer:
         self.tokenizer = tokenizer
         self.output_dir = Path(config.output_dir)
         self.runtime.start()
-        self.runtime.prepare(model)
-        self.model, optimizer = self.accelerator.prepare(model, build_optimizer(model, config))
+        self.runtime.prepare(model, trained=True)
+        self.sharded: dict[str, ShardedModel] = {}  # the trained models FSDP shards, by name
+        self.model, optimizer = self.distribute(self.learner_name, model)
         self.stream = Stream(
             len(train_data),
             self.loop_batch_size,
@@ -201,6 +218,39 @@ class Trainer:
         self.tracker: Tracker | None = None
         self._prepared = False  # resume / clean-up happen on the first train() call only
         self._saved_at = -1  # the step of the latest checkpoint
+
+    # ----------------------------------------------------------------- the processes
+    def distribute(self, name: str, model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """``model`` ready to learn on every process, with its AdamW: replicated through
+        accelerate (DDP on several processes) or, with ``fsdp``, sharded in place
+        (``runtime/sharding.py``), its optimiser then built over the shards."""
+        if self.runtime.sharded:
+            self.sharded[name] = ShardedModel(model)
+            return model, build_optimizer(model, self.config)
+        return self.accelerator.prepare(model, build_optimizer(model, self.config))
+
+    def model_attributes(self) -> dict[str, str]:
+        """The attributes that hold a trained model, and the model's name (``distribute``)."""
+        return {"model": self.learner_name}
+
+    @contextmanager
+    def whole_models(self, everywhere: bool = False) -> Iterator[dict[str, nn.Module]]:
+        """With FSDP, the trained models' attributes point to whole plain copies while inside
+        (on the main process, or with ``everywhere`` on every process), so that the code that
+        saves or loads a plain model runs unchanged; yields the copies by name. Every process
+        must enter (the shards are gathered). Without FSDP nothing changes."""
+        copies = {name: model.whole(everywhere) for name, model in self.sharded.items()}
+        if not copies or None in copies.values():
+            yield {}
+            return
+        held = {attribute: getattr(self, attribute) for attribute in self.model_attributes()}
+        for attribute, name in self.model_attributes().items():
+            setattr(self, attribute, copies[name])
+        try:
+            yield copies
+        finally:
+            for attribute, model in held.items():
+                setattr(self, attribute, model)
 
     # ----------------------------------------------------------------- to implement
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -289,7 +339,9 @@ class Trainer:
             self.output_dir,
             enabled=self.accelerator.is_main_process,
             resume_step=self.state.step,
-            tensorboard=self.config.tensorboard,
+            report_to=self.config.report_to,
+            project=self.config.project,
+            hparams=self.config.to_dict(),
         )
         self.tracker.start_progress(
             self.state.total_steps, self.state.step, type(self).__name__, self.watch
@@ -379,14 +431,9 @@ class Trainer:
                 loss, metrics = self.compute_loss(batch)
                 self.accelerator.backward(loss / accumulation)
             accumulate(totals, {"loss": loss, **metrics}, 1 / accumulation)
-        learner = self.learners[self.learner_name]
-        max_norm = self.config.max_grad_norm or float("inf")  # inf: measure without clipping
-        grad_norm = self.accelerator.clip_grad_norm_(learner.params, max_norm)
-        totals["lr"] = learner.scheduler.get_last_lr()[0]
-        learner.optimizer.step()
-        learner.scheduler.step()
-        learner.optimizer.zero_grad(set_to_none=True)
-        totals["grad_norm"] = float(grad_norm)
+        stats = self.learners[self.learner_name].step()
+        totals["lr"] = stats["lr"]
+        totals["grad_norm"] = stats[f"grad_norm/{self.learner_name}"]
         return totals
 
     def _log_train(self, sums: dict[str, float], count: int) -> None:
@@ -421,10 +468,12 @@ class Trainer:
             self.save_checkpoint()
         self.on_train_end()
         self.state.complete = True
+        with self.whole_models():
+            if self.accelerator.is_main_process:
+                with atomic_dir(self.config.final_dir) as tmp:
+                    self.save_model(tmp)
+                    ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
         if self.accelerator.is_main_process:
-            with atomic_dir(self.config.final_dir) as tmp:
-                self.save_model(tmp)
-                ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
             keys = [*self.plot_keys, *(f"eval/{k}" for k in self.state.eval_metrics)]
             self.tracker.plot(keys, self.output_dir / "curves.png")
         self.accelerator.wait_for_everyone()
@@ -478,13 +527,14 @@ class Trainer:
         # Each process writes its own RNG state into one shared temporary directory; the main
         # process renames it into place once everyone is done.
         tmp = self.output_dir / f"{ckpt.TEMPORARY_PREFIX}{path.name}"
-        if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            self.save_checkpoint_model(tmp)
-            optimizers = {name: ln.optimizer.state_dict() for name, ln in self.learners.items()}
-            ckpt.save_state(optimizers, tmp / OPTIMIZER_FILE)
+        with self.whole_models():
+            if acc.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+                self.save_checkpoint_model(tmp)
         acc.wait_for_everyone()
+        if acc.is_main_process or self.sharded:
+            ckpt.save_state(self._optimizer_state(), tmp / self._optimizer_file())
         ckpt.save_state(self._rng_state(), tmp / f"rng_state_{acc.process_index}.safetensors")
         acc.wait_for_everyone()
         if acc.is_main_process:
@@ -497,6 +547,24 @@ class Trainer:
         logger.info("saved checkpoint %s", path)
         return path
 
+    def _optimizer_file(self) -> str:
+        """Each learner's AdamW state: one file, or with FSDP one per process (its shards)."""
+        if self.sharded:
+            return OPTIMIZER_FILE.replace(".", f"_{self.accelerator.process_index}.", 1)
+        return OPTIMIZER_FILE
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        if self.sharded:
+            return {name: local_optimizer_state(ln.optimizer) for name, ln in self.learners.items()}
+        return {name: ln.optimizer.state_dict() for name, ln in self.learners.items()}
+
+    def _load_weights(self, path: Path) -> None:
+        """`load_model_weights`, on whole copies put back into the shards with FSDP."""
+        with self.whole_models(everywhere=True) as copies:
+            self.load_model_weights(path)
+        for name, plain in copies.items():
+            self.sharded[name].load_whole(plain)
+
     def _restore_state(self, saved: dict[str, Any]) -> None:
         """Take step, data position and last evaluation from a saved trainer state."""
         fields = {f.name for f in dataclasses.fields(TrainerState)} - {"total_steps"}
@@ -508,17 +576,27 @@ class Trainer:
         if saved["total_steps"] != self.state.total_steps:
             message = "%s planned %d steps; continuing to this run's %d"
             logger.warning(message, path, saved["total_steps"], self.state.total_steps)
-        optimizers = ckpt.load_state(path / OPTIMIZER_FILE)
+        optimizer_file = path / self._optimizer_file()
+        if not optimizer_file.is_file():
+            raise UsageError(
+                f"{path} has no {optimizer_file.name}: it was written by a run with another "
+                "number of processes or without/with fsdp. Resume with the same launch, or "
+                "start again with resume: false"
+            )
+        optimizers = ckpt.load_state(optimizer_file)
         missing = [name for name in self.learners if name not in optimizers]
         if missing:
             raise ValueError(
-                f"{path / OPTIMIZER_FILE} holds no optimiser state for {', '.join(missing)}: it "
+                f"{optimizer_file} holds no optimiser state for {', '.join(missing)}: it "
                 "was written by another version of rlhfkit. Resume from a checkpoint of this "
                 "version, or start again with resume: false"
             )
-        self.load_model_weights(path)
+        self._load_weights(path)
         for name, learner in self.learners.items():
-            learner.optimizer.load_state_dict(optimizers[name])
+            if self.sharded:
+                load_local_optimizer_state(learner.optimizer, optimizers[name])
+            else:
+                learner.optimizer.load_state_dict(optimizers[name])
             learner.scheduler.load_state_dict(saved["scheduler"][name])
         self._restore_state(saved)
         self.load_extra_state(saved)

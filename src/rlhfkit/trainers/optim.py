@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from transformers import get_scheduler
 
 from rlhfkit.config import TrainConfig
@@ -51,10 +52,11 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> torch.
     grads = [p.grad for p in params if p.grad is not None]
     foreach = True if all(g.device.type == "cpu" for g in grads) else None
     norm = torch.nn.utils.get_total_norm(grads, foreach=foreach)
+    total = norm.full_tensor() if isinstance(norm, DTensor) else norm  # of sharded gradients
     # torch's coefficient, max_norm / (norm + 1e-6), clamped to 1
-    if max_norm and bool(max_norm / (norm + 1e-6) < 1):
+    if max_norm and bool(max_norm / (total + 1e-6) < 1):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=foreach)
-    return norm
+    return total
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig, total_steps: int):

@@ -23,6 +23,7 @@ from torch import nn
 from rlhfkit.config import TrainConfig
 from rlhfkit.models.loading import disable_dropout, freeze
 from rlhfkit.models.lora import add_lora, merged_copy, reference_mode
+from rlhfkit.runtime.sharding import shard
 from rlhfkit.trainers.loop import Batch, Trainer
 
 
@@ -59,6 +60,8 @@ class PolicyTrainer(Trainer):
             if config.disable_dropout:
                 disable_dropout(reference)
             self.reference = freeze(self.runtime.prepare(reference))
+            if self.runtime.sharded:
+                shard(self.reference)
 
     @contextmanager
     def reference_model(self) -> Iterator[nn.Module | None]:

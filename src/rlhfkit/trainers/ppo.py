@@ -24,6 +24,7 @@ a CPU independent model work side by side on half the cores each (``ppo_update.p
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -65,6 +66,8 @@ from rlhfkit.models.passes import (
 from rlhfkit.ops.logprobs import entropy_from_logits
 from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean
+from rlhfkit.runtime.distributed import mean_over_ranks, rank_seed
+from rlhfkit.runtime.sharding import shard
 from rlhfkit.trainers.loop import WATCH_RL, Stream, Trainer, accumulate
 from rlhfkit.trainers.optim import Learner
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -108,60 +111,87 @@ class PPOTrainer(Trainer):
         _check_inputs(config, policy, prompts, critic, ptx_examples)
         collate = PromptCollator(tokenizer.pad_token_id)
         super().__init__(config, policy, prompts, collate, tokenizer=tokenizer)
-        self.policy, self.critic = self.model, critic
+        # `self.model` and `self.critic_engine` are what the update runs (data-parallel
+        # wrappers on several processes); `policy` and `critic` the bare models the rollout
+        # samples from and `final/` holds.
+        self.policy, self.critic = self.unwrapped_model, critic
         self.ptx_examples = ptx_examples or []
         self.eval_prompts = eval_prompts or []
         scorer = as_scorer(scorer).to(self.runtime.device)
         self._prepare_models(reference, scorer)
         self.trainable = nn.ModuleDict({"policy": policy, **({"critic": critic} if critic else {})})
+        self.critic_engine: nn.Module | None = None
         if critic is not None:
+            self.critic_engine, optimizer = self.distribute("critic", critic)
             steps = self.count_optimizer_steps()
-            self.learners["critic"] = Learner.build("critic", critic, config, steps)
+            self.learners["critic"] = Learner.build("critic", critic, config, steps, optimizer)
         models = RolloutModels(self.policy, reference, critic)
         self.maker = ExperienceMaker(
             models, scorer, tokenizer, config.rollout_settings, self.runtime
         )
-        losses = {"policy": self._policy_loss, "critic": self._critic_loss}
-        self.update_schedule = [
-            MinibatchLearner(
-                learner, losses[name], config.gradient_accumulation_steps, self.runtime.autocast
-            )
-            for name, learner in self.learners.items()
-        ]
+        self.update_schedule = self._update_schedule()
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
             if config.adaptive_kl
             else FixedKLController(config.kl_coef)
         )
         self.moments = RunningMoments()
-        self.sample_generator = torch.Generator(self.runtime.device).manual_seed(config.seed)
-        self.shuffle_generator = torch.Generator().manual_seed(config.seed + 1)
-        self.ptx_stream = Stream(len(self.ptx_examples), config.batch_size, config.seed, True)
+        rank, world = self.runtime.rank, self.runtime.world
+        self.sample_generator = torch.Generator(self.runtime.device)
+        self.sample_generator.manual_seed(rank_seed(config.seed, rank))
+        self.shuffle_generator = torch.Generator().manual_seed(rank_seed(config.seed + 1, rank))
+        self.ptx_stream = Stream(
+            len(self.ptx_examples), config.batch_size, config.seed, True, rank, world
+        )
         self.ptx_position = (0, 0)  # (pass, batch) of the ptx stream
+
+    def _update_schedule(self) -> list[MinibatchLearner]:
+        """Each learner with its loss and the module its loss runs, the wrapper whose gradient
+        synchronisation waits for a minibatch's last micro-batch."""
+        losses = {"policy": self._policy_loss, "critic": self._critic_loss}
+        engines = {"policy": self.model, "critic": self.critic_engine}
+        return [
+            MinibatchLearner(
+                learner,
+                losses[name],
+                self.config.gradient_accumulation_steps,
+                self.runtime.autocast,
+                functools.partial(self.accelerator.no_sync, engines[name]),
+            )
+            for name, learner in self.learners.items()
+        ]
 
     def _prepare_models(self, reference: nn.Module | None, scorer: Scorer) -> None:
         """Every model on the runtime's device with its kernels; dropout off where asked; the
-        reference frozen; a reward model with the same GELU and attention."""
+        reference frozen; a reward model with the same GELU and attention; with FSDP the
+        frozen models sharded like the trained ones."""
         for model in (self.policy, reference, self.critic):
             if model is not None:
-                self.runtime.prepare(model, packed=self.config.padding_free)
+                trained = model is not reference
+                self.runtime.prepare(model, packed=self.config.padding_free, trained=trained)
                 if self.config.disable_dropout:
                     disable_dropout(model)
         if reference is not None:
             freeze(reference)
         for model in scorer.models():
             self.runtime.prepare(model, packed=self.config.padding_free)
+        if self.runtime.sharded:  # the frozen models too: 1/N of their memory each
+            for model in (reference, *scorer.models()):
+                if model is not None:
+                    shard(model)
 
     # ----------------------------------------------------------------- the loop's hooks
     @property
     def loop_batch_size(self) -> int:
-        return self.config.rollout_batch_size
+        """This process's share of the rollout's prompts."""
+        self.config.check_world(self.runtime.world)
+        return self.config.rollout_batch_size // self.runtime.world
 
     def count_total_steps(self) -> int:
         return self.config.total_iterations(len(self.train_data))
 
     def count_optimizer_steps(self) -> int:
-        return self.config.total_optimizer_steps(len(self.train_data))
+        return self.config.total_optimizer_steps(len(self.train_data), self.runtime.world)
 
     @property
     def scorer(self) -> Scorer:
@@ -196,7 +226,9 @@ class PPOTrainer(Trainer):
         update_started = time.perf_counter()
         metrics = {**rollout_stats(rollout), **self.update(rollout)}
         metrics["kl/coef"] = self.kl_controller.value
-        self.kl_controller.update(metrics["kl/ref"], len(rollout))
+        # The controller sees the whole batch's KL, the same on every process.
+        world = self.runtime.world
+        self.kl_controller.update(mean_over_ranks(metrics["kl/ref"]), len(rollout) * world)
         metrics["time/update"] = time.perf_counter() - update_started
         metrics["time/iteration"] = time.perf_counter() - started
         return metrics, rollout
@@ -212,13 +244,16 @@ class PPOTrainer(Trainer):
         )
         return update_learners(self.update_schedule, minibatches, self.runtime.side_by_side)
 
-    def _policy_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped policy loss of one micro-batch, minus the entropy bonus, plus ptx (and
-        plus the value loss when the critic is a value head on the policy's trunk)."""
+    def _policy_loss(
+        self, mb: Rollout, token_weight: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The clipped policy loss of one micro-batch, minus the entropy bonus (and plus the
+        value loss when the critic is a value head on the policy's trunk), these token means
+        times ``token_weight`` (``ppo_update.token_weights``); plus ptx."""
         cfg = self.config
         inputs = sequence_inputs(*mb.sequences, packed=self.models.packed)
         mb_logprobs, logits, values = response_logprobs(
-            self.policy, inputs, mb.response, cfg.temperature
+            self.model, inputs, mb.response, cfg.temperature
         )  # (b, Tr), (b, Tr, V), (b, Tr) or None
         mask = mb.response_mask
         loss, pg_stats = ppo_policy_loss(
@@ -239,16 +274,22 @@ class PPOTrainer(Trainer):
             entropy = masked_mean(entropy_from_logits(logits), mask)
             loss = loss - cfg.entropy_coef * entropy
             stats["loss/entropy"] = entropy.item()
+        loss = token_weight * loss
         if cfg.ptx_coef > 0:
             ptx_loss = self._ptx_loss()
             loss = loss + cfg.ptx_coef * ptx_loss
             stats["loss/ptx"] = ptx_loss.item()
         return loss, stats
 
-    def _critic_loss(self, mb: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        """The separate critic's share of the loss on one micro-batch."""
+    def _critic_loss(
+        self, mb: Rollout, token_weight: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The separate critic's share of the loss on one micro-batch (a token mean, times
+        ``token_weight``)."""
         inputs = sequence_inputs(*mb.sequences, packed=self.models.packed)
-        return self._value_loss(critic_values(self.critic, inputs, mb.response.shape[1]), mb)
+        values = critic_values(self.critic_engine, inputs, mb.response.shape[1])
+        loss, stats = self._value_loss(values, mb)
+        return token_weight * loss, stats
 
     def _value_loss(
         self, values: torch.Tensor, mb: Rollout
@@ -315,17 +356,32 @@ class PPOTrainer(Trainer):
     def generators(self) -> dict[str, torch.Generator]:
         return {"sample": self.sample_generator, "shuffle": self.shuffle_generator}
 
+    def model_attributes(self) -> dict[str, str]:
+        attributes = {"model": "policy", "policy": "policy"}
+        if self.critic is not None:
+            attributes |= {"critic": "critic", "critic_engine": "critic"}
+        return attributes
+
+    def _trained_models(self) -> dict[str, nn.Module]:
+        return {"policy": self.policy, **({"critic": self.critic} if self.critic else {})}
+
     def save_checkpoint_model(self, path: Path) -> None:
         """The trained weights of policy and critic, for an exact resume."""
-        weights = {k: p for k, p in self.trainable.named_parameters() if p.requires_grad}
+        weights = {
+            f"{name}.{key}": param
+            for name, model in self._trained_models().items()
+            for key, param in model.named_parameters()
+            if param.requires_grad
+        }
         ckpt.save_state(weights, path / WEIGHTS_FILE)
 
     def load_model_weights(self, path: Path) -> None:
         weights = ckpt.load_state(path / WEIGHTS_FILE)
         with torch.no_grad():
-            for name, param in self.trainable.named_parameters():
-                if param.requires_grad:
-                    param.copy_(weights[name])
+            for name, model in self._trained_models().items():
+                for key, param in model.named_parameters():
+                    if param.requires_grad:
+                        param.copy_(weights[f"{name}.{key}"])
 
     def save_model(self, path: Path) -> None:
         """The policy with the tokenizer in ``path``, the critic in ``path/critic`` (or the
@@ -369,13 +425,16 @@ class PPOTrainer(Trainer):
                 demos, tokenizer, config.ptx_max_length, chat_template=template
             )
         set_seed(config.seed)  # a value head's initial weights
-        critic = None
-        if config.critic == "separate":
-            critic = config.critic_model or config.reward_model or config.model
+        critic = config.critic_start(tokenizer)
         models = load_rollout_models(
             config.model, tokenizer, critic=critic, lora=config.lora_settings
         )
-        scorer = build_scorer(config.reward_model, config.reward_functions, config.reward_weights)
+        scorer = build_scorer(
+            config.reward_model,
+            config.reward_functions,
+            config.reward_weights,
+            tokenizer=tokenizer,
+        )
         return cls(
             config,
             models.policy,

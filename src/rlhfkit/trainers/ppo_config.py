@@ -4,10 +4,13 @@ Defaults follow TRL's PPO (1.12) where InstructGPT / lm-human-preferences do not
 k1 KL penalty with beta 0.05, gamma 1, lambda 0.95, clip ranges 0.2, value coefficient 0.1,
 advantage whitening, linear learning-rate decay.
 
-Batch vocabulary: an iteration samples `rollout_batch_size` prompts; the update then makes
-`ppo_epochs` passes over that batch in shuffled minibatches of `batch_size *
-gradient_accumulation_steps` sequences (one optimiser step each), so there are
-`num_mini_batches = rollout_batch_size / minibatch_size` optimiser steps per epoch.
+Batch vocabulary: an iteration samples `rollout_batch_size` prompts (over all processes:
+each of N processes samples `rollout_batch_size / N`); the update then makes `ppo_epochs`
+passes over that batch in shuffled minibatches of `batch_size * gradient_accumulation_steps`
+sequences per process (one optimiser step each, its gradients averaged over the processes),
+so there are `num_mini_batches = rollout_batch_size / (minibatch_size * N)` optimiser steps
+per epoch. The same YAML on N processes is the same experiment when `batch_size` is divided
+by N.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from rlhfkit.config import (
     TrainConfig,
     require,
 )
+from rlhfkit.errors import UsageError
 from rlhfkit.experience.rewards import ScoreOptions
 from rlhfkit.experience.rollout import RolloutSettings
+from rlhfkit.models.loading import same_tokenizer, saved_tokenizer
 
 
 @dataclass
@@ -41,7 +46,7 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
     """Learning-rate decay over all optimiser steps of the run."""
     batch_size: int = 8
-    """Sequences per forward/backward micro-batch in the update."""
+    """Sequences per forward/backward micro-batch in the update, on each process."""
     log_every: int = 1
     """Log metrics every this many PPO iterations."""
     eval_every: int = 0
@@ -59,7 +64,7 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     """PPO iterations to run (a step of the loop is one rollout and its update); None runs
     `num_epochs` passes over the prompts."""
     rollout_batch_size: int = 32
-    """Prompts (hence responses) per iteration."""
+    """Prompts (hence responses) per iteration, over all processes."""
     ppo_epochs: int = 4
     """Passes of the update over each rollout batch."""
     reward_model: str | None = "runs/rm/final"
@@ -67,7 +72,8 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     critic: Literal["separate", "value_head"] = "separate"
     """A separate critic model (InstructGPT) or a value head on the policy's trunk."""
     critic_model: str | None = None
-    """Where the separate critic starts; None = the reward model (InstructGPT), else `model`."""
+    """Where the separate critic starts; None = the reward model (InstructGPT), else `model`.
+    It reads the policy's tokens: a reward model with another tokenizer needs one of these."""
     kl_coef: float = 0.05
     """beta of the per-token KL penalty (the initial value when `adaptive_kl`)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
@@ -112,7 +118,7 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     """Run independent model work side by side, each on half the CPU threads: the policy's
     and the separate critic's updates (the same steps, up to float rounding), and in the
     rollout the policy and critic passes beside the reference pass and the scorer. Faster
-    for small models. None: on CPU, not on GPU."""
+    for small models. None: on CPU, not on GPU. Always off with several processes."""
     sample_every: int = 10
     """Log sample texts (prompt, response, score) every this many iterations."""
     num_samples: int = 4
@@ -166,6 +172,26 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
             "None or >= 1",
         )
 
+    def critic_start(self, tokenizer) -> str | None:
+        """Where the separate critic starts (None: a value head on the policy's trunk). The
+        critic reads the policy's token ids, so it cannot start from a model with a tokenizer
+        of its own, such as a reward model of another family (which can still score)."""
+        if self.critic != "separate":
+            return None
+        start = self.critic_model or self.reward_model or self.model
+        if start == self.model:
+            return start
+        own = saved_tokenizer(start)
+        if own is not None and not same_tokenizer(own, tokenizer):
+            field = "critic_model" if self.critic_model else "reward_model"
+            raise UsageError(
+                f"PPOConfig.{field} = {start!r}: the critic starts from it, but its tokenizer "
+                f"is not the policy's ({self.model!r}), and the critic reads the policy's "
+                f"tokens. Set critic_model to a model with the policy's tokenizer (e.g. "
+                f"--critic_model {self.model}, the policy itself) or --critic value_head"
+            )
+        return start
+
     @property
     def rollout_settings(self) -> RolloutSettings:
         """How each iteration's experience is made."""
@@ -186,13 +212,26 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
 
     @property
     def minibatch_size(self) -> int:
-        """Sequences per optimiser step."""
+        """Sequences per optimiser step on one process."""
         return self.effective_batch_size
 
-    @property
-    def num_mini_batches(self) -> int:
-        """Optimiser steps per PPO epoch."""
-        return self.rollout_batch_size // self.minibatch_size
+    def num_mini_batches(self, world: int = 1) -> int:
+        """Optimiser steps per PPO epoch on ``world`` processes, each taking its share of the
+        rollout (``rollout_batch_size / world`` prompts) in minibatches of ``minibatch_size``."""
+        return self.rollout_batch_size // (self.minibatch_size * world)
+
+    def check_world(self, world: int) -> None:
+        """Fail unless the rollout splits evenly over ``world`` processes, each share into
+        whole minibatches."""
+        share = self.rollout_batch_size // world
+        require(
+            self,
+            "rollout_batch_size",
+            self.rollout_batch_size % world == 0 and share % self.minibatch_size == 0,
+            f"a multiple of the world size ({world} processes) times batch_size * "
+            f"gradient_accumulation_steps = {self.minibatch_size}, so that every process "
+            "makes the same whole minibatches",
+        )
 
     def total_iterations(self, num_prompts: int) -> int:
         """PPO iterations of the run for a prompt set of `num_prompts`."""
@@ -200,6 +239,7 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
             return self.max_steps
         return max(self.num_epochs * num_prompts // self.rollout_batch_size, 1)
 
-    def total_optimizer_steps(self, num_prompts: int) -> int:
-        """Optimiser steps of the run (the LR schedule's length)."""
-        return self.total_iterations(num_prompts) * self.ppo_epochs * self.num_mini_batches
+    def total_optimizer_steps(self, num_prompts: int, world: int = 1) -> int:
+        """Optimiser steps of the run on ``world`` processes (the LR schedule's length)."""
+        steps = self.ppo_epochs * self.num_mini_batches(world)
+        return self.total_iterations(num_prompts) * steps

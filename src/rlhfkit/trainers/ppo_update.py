@@ -21,11 +21,12 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 from rlhfkit.experience.rollout import Rollout
+from rlhfkit.runtime.distributed import sum_over_ranks, world_size
 from rlhfkit.runtime.parallel import run_parallel
 from rlhfkit.trainers.loop import accumulate
 from rlhfkit.trainers.optim import Learner
@@ -34,7 +35,8 @@ from rlhfkit.trainers.optim import Learner
 # all cores: its step is the longer one (how the share was chosen: docs/ppo.md).
 POLICY_SHARE_BESIDE_CRITIC = 0.8
 
-LossFn = Callable[[Rollout], tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[[Rollout, float], tuple[torch.Tensor, dict[str, float]]]
+Minibatch = list[tuple[Rollout, float]]  # micro-batches, each with its token weight
 
 
 @dataclasses.dataclass
@@ -42,23 +44,27 @@ class MinibatchLearner:
     """A ``Learner`` with its loss: one optimiser step per minibatch of the rollout."""
 
     learner: Learner
-    loss: LossFn  # one micro-batch -> (loss, statistics)
+    loss: LossFn  # (micro-batch, token weight) -> (loss, statistics)
     accumulation: int  # micro-batches per optimiser step
     autocast: Callable[[], AbstractContextManager]
+    no_sync: Callable[[], AbstractContextManager]  # holds the gradients' all-reduce back
 
     @property
     def name(self) -> str:
         return self.learner.name
 
-    def learn(self, minibatches: list[list[Rollout]]) -> dict[str, float]:
+    def learn(self, minibatches: list[Minibatch]) -> dict[str, float]:
         """One optimiser step per minibatch (a list of micro-batches); the sums of the
-        statistics over the minibatches."""
+        statistics over the minibatches. On several processes the gradients are averaged
+        over them once per minibatch, after its last micro-batch."""
         sums: dict[str, float] = {}
         for micros in minibatches:
-            for mb in micros:
-                with self.autocast():
-                    loss, stats = self.loss(mb)
-                (loss / self.accumulation).backward()
+            for index, (mb, weight) in enumerate(micros):
+                last = index == len(micros) - 1
+                with nullcontext() if last else self.no_sync():
+                    with self.autocast():
+                        loss, stats = self.loss(mb, weight)
+                    (loss / self.accumulation).backward()
                 accumulate(sums, stats, 1 / self.accumulation)
             accumulate(sums, self.learner.step())
         return sums
@@ -66,19 +72,36 @@ class MinibatchLearner:
 
 def shuffled_minibatches(
     rollout: Rollout, epochs: int, minibatch_size: int, batch_size: int, generator
-) -> list[list[Rollout]]:
+) -> list[Minibatch]:
     """``epochs`` shuffled passes over ``rollout`` in minibatches of ``minibatch_size`` rows,
-    each a list of micro-batches of ``batch_size`` rows (padding columns trimmed)."""
+    each a list of micro-batches of ``batch_size`` rows (padding columns trimmed) with their
+    ``token_weights``."""
     minibatches = []
     for _ in range(epochs):
         order = torch.randperm(len(rollout), generator=generator)
         for minibatch in order.to(rollout.query.device).split(minibatch_size):
             minibatches.append([rollout.select(micro) for micro in minibatch.split(batch_size)])
-    return minibatches
+    return token_weights(minibatches)
+
+
+def token_weights(minibatches: list[list[Rollout]]) -> list[Minibatch]:
+    """Each micro-batch with its weight: its share of the response tokens of the micro-batches
+    in the same place on every process, times the number of processes.
+
+    A micro-batch's loss is a mean over its tokens and data parallelism averages the
+    processes' gradients, so weighting each process's mean this way makes the step the one
+    of a mean over all the processes' tokens, as one process holding them all would take.
+    With one process every weight is exactly 1.
+    """
+    micros = [mb for minibatch in minibatches for mb in minibatch]
+    counts = torch.stack([mb.response_mask.sum() for mb in micros]).double()  # (M,)
+    totals = sum_over_ranks(counts).clamp(min=1)
+    weights = iter((counts * world_size() / totals).tolist())
+    return [[(mb, next(weights)) for mb in minibatch] for minibatch in minibatches]
 
 
 def update_learners(
-    learners: list[MinibatchLearner], minibatches: list[list[Rollout]], parallel: bool
+    learners: list[MinibatchLearner], minibatches: list[Minibatch], parallel: bool
 ) -> dict[str, float]:
     """Every learner's steps over ``minibatches``; the mean statistics of each step.
 

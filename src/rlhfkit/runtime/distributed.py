@@ -1,0 +1,78 @@
+"""The processes of a data-parallel run: which one this is, how many there are, and the two
+collectives the algorithms need besides the gradients' (a sum and a gather).
+
+The launcher (``torchrun``, ``accelerate launch``) starts the processes; accelerate's
+``PartialState`` joins them into torch.distributed's default group (gloo on a CPU, NCCL on
+GPUs) when the runtime is made. With one process every function here is the identity, so the
+algorithms need no branch for it.
+
+Random streams: each process samples from its own stream (``rank_seed``), so N processes do
+not draw the same responses; process 0 keeps the run's seed, so one process samples exactly
+what it did before data parallelism existed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+def world_size() -> int:
+    """Processes in the run (1 without torch.distributed)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """This process's index, 0 to ``world_size() - 1``."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """The element-wise sum of ``tensor`` over every process (a new tensor; ``tensor`` itself
+    with one process)."""
+    if world_size() == 1:
+        return tensor
+    total = tensor.clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total
+
+
+def mean_over_ranks(value: float) -> float:
+    """The mean of a per-process number over every process (``value`` with one process)."""
+    if world_size() == 1:
+        return value
+    # NCCL (GPUs) reduces tensors on the GPU only; gloo on the CPU.
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    total = sum_over_ranks(torch.tensor(value, dtype=torch.float64, device=device))
+    return total.item() / world_size()
+
+
+def all_over_ranks(flag: torch.Tensor) -> bool:
+    """Whether a 0-d boolean ``flag`` is true on every process (on the device collectives use
+    for this backend: the GPU with NCCL)."""
+    if world_size() == 1:
+        return bool(flag)
+    return int(sum_over_ranks(flag.to(torch.int32))) == world_size()
+
+
+def gather_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """Every process's ``tensor`` (the same shape on each) concatenated along dim 0 in rank
+    order: the rows of the whole batch, in the order one process would hold them."""
+    if world_size() == 1:
+        return tensor
+    parts = [torch.empty_like(tensor) for _ in range(world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
+def rank_seed(seed: int, process: int) -> int:
+    """The seed of process ``process``'s own random stream: ``seed`` on process 0, a
+    well-mixed derivation of ``(seed, process)`` on the others (numpy's ``SeedSequence``)."""
+    return seed if process == 0 else stream_seed(seed, process)
+
+
+def stream_seed(seed: int, *key: int) -> int:
+    """A seed that is a function of ``(seed, *key)`` alone: a batch keyed by its position in
+    the data samples the same responses whichever process draws it, and after a resume."""
+    return int(np.random.SeedSequence([seed, *key]).generate_state(1, np.uint64)[0] >> 1)

@@ -1,0 +1,301 @@
+"""Data parallelism with real processes: `torchrun --standalone --nproc_per_node 2` on the CPU
+(gloo), each stage through the command line, against one process doing the same work.
+
+Equality: 2 processes x a micro-batch of b make the same steps as 1 process x 2b (SFT, RM,
+DPO, PPO) or as 1 process accumulating 2 micro-batches of b (GRPO, whose micro-batches sample
+their own groups), up to float summation order. PPO samples with top_k=1 here: each process
+samples from its own random stream, so with sampling on the two runs see different (equally
+random) responses and only the update could be compared; GRPO's streams are keyed by the
+batch's place in the data, so its samples are the same on any number of processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlhfkit.experience.generation import SamplingConfig, generate
+from rlhfkit.tracking import read_jsonl
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+QUIET = ["--report_to", "none", "--cpu", "true", "--log_every", "1"]
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _command(processes: int, stage: str, args: list[str]) -> list[str]:
+    if processes == 1:
+        return [sys.executable, "-m", "rlhfkit.cli", stage, *args, *QUIET]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    return [*launcher, f"--nproc_per_node={processes}", "-m", "rlhfkit.cli", stage, *args, *QUIET]
+
+
+def _run(processes: int, stage: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        _command(processes, stage, args), cwd=cwd, env=ENV, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    final = run_dir / "final"
+    weights = {}
+    for file in sorted(final.rglob("*.safetensors")):
+        prefix = str(file.relative_to(final))
+        weights |= {f"{prefix}:{k}": v for k, v in load_file(file).items()}
+    assert weights, f"no weights in {final}"
+    return weights
+
+
+def _assert_same_weights(a: Path, b: Path, atol: float) -> None:
+    first, second = _weights(a), _weights(b)
+    assert first.keys() == second.keys()
+    worst = max((first[k].float() - second[k].float()).abs().max().item() for k in first)
+    assert worst <= atol, f"weights differ by up to {worst}"
+
+
+def _assert_moved(run_dir: Path, start: Path) -> None:
+    """The run changed the model it started from (so equality is not of two no-ops)."""
+    before = load_file(start / "model.safetensors")
+    after = load_file(run_dir / "final" / "model.safetensors")
+    shared = [k for k in before if k in after]
+    assert max((before[k] - after[k]).abs().max().item() for k in shared) > 1e-4
+
+
+def _steps(run_dir: Path) -> list[int]:
+    """The step of every row of `metrics.jsonl` (written by the main process alone)."""
+    return [row["step"] for row in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny GPT-2 without dropout, whose masks would differ between the two runs."""
+    path = tmp_path_factory.mktemp("no_dropout")
+    lm = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    lm.config.update({"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0})
+    lm.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("distributed_data")
+    words = ["red", "blue", "cat", "dog", "tree", "sky", "book", "food"]
+    demos = [
+        {"prompt": f"The {words[i % 8]} number {i}", "response": f" is {words[(i + 3) % 8]}."}
+        for i in range(24)
+    ]
+    pairs = [
+        {"prompt": d["prompt"], "chosen": d["response"], "rejected": f" was {words[i % 8]} {i}"}
+        for i, d in enumerate(demos)
+    ]
+    prompts = [{"prompt": d["prompt"]} for d in demos]
+    return {
+        "demos": _jsonl(root / "demos.jsonl", demos),
+        "pairs": _jsonl(root / "pairs.jsonl", pairs),
+        "prompts": _jsonl(root / "prompts.jsonl", prompts),
+    }
+
+
+def _stage_args(stage: str, model: Path, data: dict[str, str], batch: int) -> list[str]:
+    common = ["--model", str(model), "--eval_data", "null", "--batch_size", str(batch),
+              "--max_steps", "3", "--learning_rate", "1e-4", "--seed", "3"]  # fmt: skip
+    train = data["demos"] if stage == "sft" else data["pairs"]
+    return [*common, "--train_data", train, "--max_length", "32"]
+
+
+@pytest.mark.parametrize("stage", ["sft", "rm", "dpo"])
+def test_two_processes_train_as_one_with_twice_the_batch(stage, model, data, tmp_path):
+    _run(1, stage, [*_stage_args(stage, model, data, 8), "--output_dir", "one"],
+         tmp_path)  # fmt: skip
+    _run(2, stage, [*_stage_args(stage, model, data, 4), "--output_dir", "two"],
+         tmp_path)  # fmt: skip
+    _assert_same_weights(tmp_path / "one", tmp_path / "two", atol=1e-5)
+    assert _steps(tmp_path / "two") == [1, 2, 3]
+
+
+def _rl_args(stage: str, model: Path, data: dict[str, str]) -> list[str]:
+    common = ["--model", str(model), "--train_data", data["prompts"], "--eval_data", "null",
+              "--reward_model", "null", "--reward_functions", "[rlhfkit.tasks:digits_reward]",
+              "--max_new_tokens", "6", "--learning_rate", "1e-4", "--seed", "5"]  # fmt: skip
+    if stage == "ppo":
+        return [*common, "--rollout_batch_size", "8", "--ppo_epochs", "2", "--top_k", "1",
+                "--critic", "value_head"]  # fmt: skip
+    return [*common, "--num_generations", "4", "--beta", "0.1"]
+
+
+def test_ppo_on_two_processes_makes_the_update_of_one_with_the_whole_batch(model, data, tmp_path):
+    args = [*_rl_args("ppo", model, data), "--max_steps", "3"]
+    _run(1, "ppo", [*args, "--batch_size", "8", "--output_dir", "one"], tmp_path)
+    _run(2, "ppo", [*args, "--batch_size", "4", "--output_dir", "two"], tmp_path)
+    _assert_same_weights(tmp_path / "one", tmp_path / "two", atol=1e-5)
+    _assert_moved(tmp_path / "two", model)
+    one = read_jsonl(tmp_path / "one" / "metrics.jsonl")
+    two = read_jsonl(tmp_path / "two" / "metrics.jsonl")
+    assert _steps(tmp_path / "two") == [1, 2, 3]
+    for key in ("train/score/mean", "train/kl/ref", "train/kl/coef"):
+        assert [r[key] for r in two] == pytest.approx([r[key] for r in one], abs=1e-5), key
+
+
+def test_grpo_on_two_processes_learns_as_one_accumulating_two_micro_batches(model, data, tmp_path):
+    args = [*_rl_args("grpo", model, data), "--max_steps", "3", "--batch_size", "2"]
+    _run(1, "grpo", [*args, "--gradient_accumulation_steps", "2", "--output_dir", "one"],
+         tmp_path)  # fmt: skip
+    _run(2, "grpo", [*args, "--output_dir", "two"], tmp_path)
+    _assert_same_weights(tmp_path / "one", tmp_path / "two", atol=1e-5)
+    _assert_moved(tmp_path / "two", model)
+    assert _steps(tmp_path / "two") == [1, 2, 3]
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo", "ppo"])
+def test_fsdp_shards_the_trained_models_and_trains_as_ddp(stage, model, data, tmp_path):
+    if stage == "sft":
+        args = [*_stage_args("sft", model, data, 4), "--save_every", "3"]
+    elif stage == "grpo":  # with a sharded reference
+        args = [*_rl_args("grpo", model, data), "--max_steps", "2", "--batch_size", "2",
+                "--save_every", "2"]  # fmt: skip
+    else:
+        args = [*_rl_args("ppo", model, data), "--max_steps", "2", "--batch_size", "4",
+                "--save_every", "2", "--critic", "separate", "--critic_model", str(model)]  # fmt: skip
+    _run(2, stage, [*args, "--output_dir", "ddp"], tmp_path)
+    _run(2, stage, [*args, "--output_dir", "fsdp", "--fsdp", "true"], tmp_path)
+    _assert_same_weights(tmp_path / "ddp", tmp_path / "fsdp", atol=1e-5)
+    # Each process saved its own half of the optimiser state: the shards of every tensor.
+    checkpoint = max((tmp_path / "fsdp").glob("checkpoint-*"))
+    halves = [load_file(checkpoint / f"optimizer_{rank}.safetensors") for rank in (0, 1)]
+    whole = load_file(max((tmp_path / "ddp").glob("checkpoint-*")) / "optimizer.safetensors")
+    assert sum(t.numel() for half in halves for t in half.values()) == pytest.approx(
+        sum(t.numel() for t in whole.values()), abs=64
+    )
+    assert all(sum(t.numel() for t in half.values()) < 0.6 * sum(
+        t.numel() for t in whole.values()) for half in halves)  # fmt: skip
+
+
+def test_fsdp_with_lora_writes_a_merged_model(model, data, tmp_path):
+    args = [*_stage_args("sft", model, data, 4), "--lora", "true", "--lora_r", "4"]
+    _run(2, "sft", [*args, "--output_dir", "lora", "--fsdp", "true"], tmp_path)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora" / "final")
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    _assert_moved(tmp_path / "lora", model)
+
+
+def _kill_after_checkpoint(command: list[str], cwd: Path, checkpoint: Path) -> None:
+    """Start `command` in its own process group and kill -9 all of it once `checkpoint` is
+    complete (renamed into place)."""
+    process = subprocess.Popen(
+        command, cwd=cwd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not checkpoint.is_dir() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert checkpoint.is_dir(), "the run ended or timed out before its checkpoint"
+
+
+@pytest.mark.parametrize(("stage", "fsdp"), [("ppo", "false"), ("grpo", "false"), ("ppo", "true")])
+def test_a_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(
+    stage, fsdp, model, data, tmp_path
+):
+    args = [*_rl_args(stage, model, data), "--max_steps", "4", "--save_every", "1",
+            "--batch_size", "4" if stage == "ppo" else "2", "--top_k", "0", "--fsdp", fsdp]  # fmt: skip
+    _run(2, stage, [*args, "--output_dir", "straight"], tmp_path)
+    resumed = [*args, "--output_dir", "killed", "--resume", "true"]
+    _kill_after_checkpoint(_command(2, stage, resumed), tmp_path, tmp_path / "killed/checkpoint-2")
+    assert not (tmp_path / "killed" / "final").exists()
+    _run(2, stage, resumed, tmp_path)
+    _assert_same_weights(tmp_path / "straight", tmp_path / "killed", atol=0.0)
+    assert _steps(tmp_path / "killed") == [1, 2, 3, 4]
+
+
+def test_a_rollout_that_does_not_split_over_the_processes_fails_naming_field_and_world(
+    model, data, tmp_path
+):
+    args = [*_rl_args("ppo", model, data), "--max_steps", "1", "--batch_size", "4",
+            "--rollout_batch_size", "4", "--output_dir", "bad"]  # fmt: skip
+    result = subprocess.run(
+        _command(2, "ppo", args), cwd=tmp_path, env=ENV, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode != 0
+    message = next(line for line in result.stderr.splitlines() if "rlhfkit ppo: error" in line)
+    assert "rollout_batch_size" in message and "2 processes" in message
+
+
+SHARDED_GENERATION = """
+import datetime, json, sys
+import torch, torch.distributed as dist
+from transformers import AutoModelForCausalLM
+from rlhfkit.experience.generation import SamplingConfig, generate
+from rlhfkit.runtime.sharding import shard
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
+config = SamplingConfig(max_new_tokens=8, greedy=True)
+# Process 0 stops at once (its EOS is its first greedy token); process 1 runs all 8 steps.
+query = torch.tensor([[5, 6, 7]] if dist.get_rank() == 0 else [[5, 6, 7], [8, 9, 10]])
+first = generate(model, query, torch.ones_like(query), config, eos_token_id=1, pad_token_id=0)
+eos = int(first.response[0, 0]) if dist.get_rank() == 0 else 1
+shard(model)
+out = generate(model, query, torch.ones_like(query), config, eos_token_id=eos, pad_token_id=0)
+with open(f"{sys.argv[2]}/rank{dist.get_rank()}.json", "w") as f:
+    json.dump(out.response.tolist(), f)
+dist.destroy_process_group()
+"""
+
+
+def test_sharded_generation_runs_every_forward_on_every_process(model, tmp_path):
+    """Under FSDP each decoding step gathers weights from all processes: a process whose rows
+    all stopped keeps stepping until every process's rows have, instead of leaving the others
+    waiting on a gather that never comes."""
+    script = tmp_path / "generate.py"
+    script.write_text(SHARDED_GENERATION)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    result = subprocess.run([*launcher, str(script), str(model), str(tmp_path)], env=ENV,
+                            capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    responses = [torch.tensor(json.loads((tmp_path / f"rank{r}.json").read_text())) for r in (0, 1)]
+    query = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    whole = generate(AutoModelForCausalLM.from_pretrained(model).eval(), query,
+                     torch.ones_like(query), SamplingConfig(max_new_tokens=8, greedy=True),
+                     eos_token_id=1, pad_token_id=0).response  # fmt: skip
+    assert torch.equal(responses[1], whole)  # decoded through the shards as by the whole model
+    assert responses[0][0, 0] == whole[0, 0]  # process 0 emitted its EOS at once
+
+
+@pytest.mark.parametrize("command", [["eval"], ["pipeline"], ["label", "export"]])
+def test_a_command_that_runs_in_one_process_refuses_a_launcher(command, tmp_path):
+    """What torchrun tells every process it starts (WORLD_SIZE) stops a command that would
+    repeat its work in each, before it touches a file."""
+    env = dict(ENV, WORLD_SIZE="2", RANK="0")
+    result = subprocess.run([sys.executable, "-m", "rlhfkit.cli", *command], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 2
+    assert "runs in one process" in result.stderr and "WORLD_SIZE=2" in result.stderr
+    assert "sft, rm, ppo, dpo, grpo, rloo" in result.stderr
+    assert "Traceback" not in result.stderr and not list(tmp_path.iterdir())
+
+
+def test_fsdp_in_one_process_trains_the_whole_model_and_says_so(model, data, tmp_path):
+    args = [*_stage_args("sft", model, data, 8), "--output_dir", "one"]
+    _run(1, "sft", args, tmp_path)
+    alone = _run(1, "sft", [*args[:-1], "fsdp_alone", "--fsdp", "true"], tmp_path)
+    assert "one process has no others to shard its models over" in alone.stderr
+    _assert_same_weights(tmp_path / "one", tmp_path / "fsdp_alone", atol=0)
