@@ -23,6 +23,8 @@ from transformers import (  # noqa: E402
     AutoTokenizer,
     GPT2Config,
     GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
     PreTrainedTokenizerFast,
 )
 
@@ -115,6 +117,22 @@ def tiny_lm(tokenizer, seed: int = 0, n_positions: int = 64) -> GPT2LMHeadModel:
     )
     torch.manual_seed(seed)
     return GPT2LMHeadModel(config)
+
+
+def tiny_llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
+    """A fresh seeded 1-layer Llama over ``tokenizer``'s vocabulary: a final RMSNorm, no bias."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
 
 
 def tiny_prompts(tokenizer, n: int = 64) -> list[list[int]]:

@@ -12,11 +12,9 @@ import torch
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    LlamaConfig,
-    LlamaForCausalLM,
 )
 
-from conftest import tiny_corpus
+from conftest import tiny_corpus, tiny_llama
 from rlhfkit.config import RewardConfig
 from rlhfkit.data import Comparison, encode_comparisons
 from rlhfkit.experience.scorer_loading import load_reward_scorer
@@ -221,18 +219,7 @@ def test_rm_on_a_model_without_a_final_norm_bias_leaves_the_score_bias_alone(
 ):
     """RMSNorm (Llama) has no bias the score bias could be folded into: it is not trained,
     so transformers reads what rlhfkit trained."""
-    config = LlamaConfig(
-        vocab_size=len(tiny_tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-        eos_token_id=tiny_tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "lm")
+    tiny_llama(tiny_tokenizer).save_pretrained(tmp_path / "lm")
     records = [Comparison(r["prompt"], r["chosen"], r["rejected"]) for r in _pairs(8)]
     train, _ = encode_comparisons(records, tiny_tokenizer, 48)
     settings = _first_step_config("unused", "unused", tmp_path / "rm", max_steps=3)

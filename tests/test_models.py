@@ -11,11 +11,10 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
-    LlamaConfig,
-    LlamaForCausalLM,
     PreTrainedTokenizerFast,
 )
 
+from conftest import tiny_llama
 from rlhfkit.errors import UsageError
 from rlhfkit.models.loading import (
     HEAD_CONFIG,
@@ -222,18 +221,7 @@ def test_older_rlhfkit_format_still_loads(tmp_path, tiny_model_dir, tiny_tokeniz
 def test_llama_reward_model_keeps_an_unfoldable_bias_for_rlhfkit(tmp_path, tiny_tokenizer, caplog):
     """RMSNorm has no bias to fold into: transformers reads the score without the head's
     bias (a warning says by how much); rlhfkit restores it."""
-    config = LlamaConfig(
-        vocab_size=len(tiny_tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        pad_token_id=tiny_tokenizer.pad_token_id,
-        eos_token_id=tiny_tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "lm")
+    tiny_llama(tiny_tokenizer).save_pretrained(tmp_path / "lm")
     rm = RewardModel.from_pretrained(tmp_path / "lm")
     ids, mask = _pad(SEQS, tiny_tokenizer.pad_token_id, "right")
     rm.save_pretrained(tmp_path / "unbiased")

@@ -43,7 +43,6 @@ from peft import PeftConfig, PeftModel
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
-from transformers.utils import cached_file
 
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.data.sources import is_hub_name
@@ -51,6 +50,7 @@ from rlhfkit.errors import UsageError
 from rlhfkit.models.reward_format import (
     is_sequence_classifier,
     load_sequence_classifier,
+    model_file,
     restore_exact,
     save_sequence_classifier,
 )
@@ -348,7 +348,7 @@ class ScalarHeadModel(nn.Module):
                 HEAD_CONFIG,
             )
         else:
-            state = load_file(_head_file(path_or_name, HEAD_WEIGHTS, revision))
+            state = load_file(model_file(path_or_name, HEAD_WEIGHTS, revision))
             model.score.load_state_dict(state)
         return model
 
@@ -426,22 +426,11 @@ def is_reward_model(path_or_name: str | os.PathLike, revision: str | None = None
     or rlhfkit's older backbone + head), not a model a fresh head would be put on."""
     if is_sequence_classifier(path_or_name, revision):
         return True
-    return _head_file(path_or_name, HEAD_CONFIG, revision) is not None
-
-
-def _head_file(path_or_name: str | os.PathLike, filename: str, revision: str | None) -> str | None:
-    """Local path of ``filename`` in a local dir or hub repo (downloaded), None if absent."""
-    return cached_file(
-        path_or_name,
-        filename,
-        revision=revision,
-        _raise_exceptions_for_missing_entries=False,
-        _raise_exceptions_for_connection_errors=False,
-    )
+    return model_file(path_or_name, HEAD_CONFIG, revision) is not None
 
 
 def _read_head_config(path_or_name: str | os.PathLike, revision: str | None) -> dict | None:
-    config_path = _head_file(path_or_name, HEAD_CONFIG, revision)
+    config_path = model_file(path_or_name, HEAD_CONFIG, revision)
     if config_path is None:
         return None
     config = json.loads(Path(config_path).read_text())

@@ -54,7 +54,7 @@ _FINAL_NORMS = ("ln_f", "final_layer_norm", "final_layernorm", "norm_f", "norm")
 
 
 # --------------------------------------------------------------------------- what a dir holds
-def _file(path_or_name: str | os.PathLike, filename: str, revision: str | None) -> str | None:
+def model_file(path_or_name: str | os.PathLike, filename: str, revision: str | None) -> str | None:
     """Local path of ``filename`` in a local dir or hub repo (downloaded), None if absent."""
     return cached_file(
         path_or_name,
@@ -67,7 +67,7 @@ def _file(path_or_name: str | os.PathLike, filename: str, revision: str | None) 
 
 def is_sequence_classifier(path_or_name: str | os.PathLike, revision: str | None = None) -> bool:
     """Whether ``config.json`` names a ``*ForSequenceClassification`` architecture."""
-    config_path = _file(path_or_name, "config.json", revision)
+    config_path = model_file(path_or_name, "config.json", revision)
     if config_path is None:
         return False
     architectures = json.loads(Path(config_path).read_text()).get("architectures") or []
@@ -110,7 +110,7 @@ def restore_exact(model: nn.Module, path_or_name: str | os.PathLike, revision=No
     """Put back the unfolded bias of ``score_bias.safetensors`` (module docstring) into a
     ``ScalarHeadModel`` just loaded from ``path_or_name``; False where there is none to
     restore or the checkpoint no longer holds the values it was folded into."""
-    side_path = _file(path_or_name, SCORE_BIAS, revision)
+    side_path = model_file(path_or_name, SCORE_BIAS, revision)
     if side_path is None:
         return False
     side = load_file(side_path)
