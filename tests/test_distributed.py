@@ -11,14 +11,15 @@ batch's place in the data, so its samples are the same on any number of processe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -196,18 +197,22 @@ def test_fsdp_with_lora_writes_a_merged_model(model, data, tmp_path):
 
 
 def _kill_after_checkpoint(command: list[str], cwd: Path, checkpoint: Path) -> None:
-    """Start `command` in its own process group and kill -9 all of it once `checkpoint` is
-    complete (renamed into place)."""
-    process = subprocess.Popen(
-        command, cwd=cwd, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+    """Start `command` and kill -9 it with every process it started once `checkpoint` is
+    complete (renamed into place). torchrun starts each worker in a session of its own, so
+    killing its process group would leave the workers running."""
+    process = subprocess.Popen(command, cwd=cwd, env=ENV, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 240
     while not checkpoint.is_dir() and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+        time.sleep(0.02)
+    launcher = psutil.Process(process.pid)
+    workers = launcher.children(recursive=True)
+    for each in [*workers, launcher]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            each.kill()
+    psutil.wait_procs([*workers, launcher], timeout=30)
     assert checkpoint.is_dir(), "the run ended or timed out before its checkpoint"
+    assert workers, "no worker processes to kill"
 
 
 @pytest.mark.parametrize(("stage", "fsdp"), [("ppo", "false"), ("grpo", "false"), ("ppo", "true")])
@@ -220,9 +225,28 @@ def test_a_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(
     resumed = [*args, "--output_dir", "killed", "--resume", "true"]
     _kill_after_checkpoint(_command(2, stage, resumed), tmp_path, tmp_path / "killed/checkpoint-2")
     assert not (tmp_path / "killed" / "final").exists()
-    _run(2, stage, resumed, tmp_path)
+    assert "resumed from" in _run(2, stage, resumed, tmp_path).stderr
     _assert_same_weights(tmp_path / "straight", tmp_path / "killed", atol=0.0)
     assert _steps(tmp_path / "killed") == [1, 2, 3, 4]
+
+
+def test_a_checkpoint_resumes_only_on_the_launch_that_wrote_it(model, data, tmp_path):
+    """Another number of processes would not continue the data positions and random streams
+    of the run, and a sharded optimiser state fits only its own launch: a usage error before
+    anything is loaded, the checkpoint left as it was."""
+    args = [*_stage_args("sft", model, data, 4), "--max_steps", "40", "--save_every", "1",
+            "--output_dir", "run", "--resume", "true"]  # fmt: skip
+    _kill_after_checkpoint(_command(2, "sft", args), tmp_path, tmp_path / "run/checkpoint-1")
+    launches = [(1, [], "1 process without fsdp"), (2, ["--fsdp", "true"], "2 processes with fsdp")]
+    for processes, extra, now in launches:
+        result = subprocess.run(_command(processes, "sft", [*args, *extra]), cwd=tmp_path,
+                                env=ENV, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert result.returncode != 0
+        error = next(line for line in result.stderr.splitlines() if "rlhfkit sft: error" in line)
+        assert "written by a run on 2 processes without fsdp" in error and now in error
+    assert not (tmp_path / "run" / "final").exists()
+    _run(2, "sft", args, tmp_path)  # the launch that wrote it goes on
+    assert _steps(tmp_path / "run")[-1] == 40
 
 
 def test_a_rollout_that_does_not_split_over_the_processes_fails_naming_field_and_world(
@@ -237,6 +261,17 @@ def test_a_rollout_that_does_not_split_over_the_processes_fails_naming_field_and
     assert result.returncode != 0
     message = next(line for line in result.stderr.splitlines() if "rlhfkit ppo: error" in line)
     assert "rollout_batch_size" in message and "2 processes" in message
+
+
+def test_data_too_small_for_one_batch_per_process_fails_naming_it(model, tmp_path):
+    demos = _jsonl(tmp_path / "two.jsonl", [{"prompt": "The cat", "response": " is red."}] * 2)
+    args = ["--model", str(model), "--train_data", demos, "--eval_data", "null",
+            "--batch_size", "2", "--max_steps", "1", "--output_dir", "small"]  # fmt: skip
+    result = subprocess.run(_command(2, "sft", args), cwd=tmp_path, env=ENV,
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode != 0
+    error = next(line for line in result.stderr.splitlines() if "rlhfkit sft: error" in line)
+    assert "train_data: 2 examples make 1 batch(es) of 2, fewer than the 2 processes" in error
 
 
 SHARDED_GENERATION = """

@@ -52,7 +52,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -141,11 +141,25 @@ class Stream:
     world: int = 1
 
     @property
+    def batches_per_pass(self) -> int:
+        """Batches in a pass over the examples, over all processes."""
+        size = self.batch_size
+        return self.num_examples // size if self.drop_last else -(-self.num_examples // size)
+
+    @property
     def batches_per_epoch(self) -> int:
         """Batches each process sees per pass."""
-        size = self.batch_size
-        batches = self.num_examples // size if self.drop_last else -(-self.num_examples // size)
-        return max(batches // self.world, 1)
+        return max(self.batches_per_pass // self.world, 1)
+
+    def check_split(self, field: str) -> None:
+        """A usage error naming ``field`` (the data) where a pass has fewer batches than there
+        are processes: one of them would get none."""
+        if self.world > 1 and self.batches_per_pass < self.world:
+            raise UsageError(
+                f"{field}: {self.num_examples} examples make {self.batches_per_pass} batch(es) "
+                f"of {self.batch_size}, fewer than the {self.world} processes, and each needs "
+                "one. Give more examples, a smaller batch_size or fewer processes"
+            )
 
     def next(self, epoch: int, index: int) -> tuple[int, int, np.ndarray]:
         """The position after the batch at `(epoch, index)`, and that batch's indices."""
@@ -159,6 +173,13 @@ class Stream:
         """The place in its pass, counted over all processes, of this process's batch
         `index`: the same batch of examples has the same number whatever the world size."""
         return index * self.world + self.rank
+
+
+def _launch_text(launch: dict[str, Any]) -> str:
+    """ "2 processes with fsdp", "1 process without fsdp"."""
+    processes = launch["processes"]
+    fsdp = "with fsdp" if launch["fsdp"] else "without fsdp"
+    return f"{processes} process{'es' if processes > 1 else ''} {fsdp}"
 
 
 class Trainer:
@@ -210,6 +231,7 @@ class Trainer:
             self.accelerator.process_index,
             self.accelerator.num_processes,
         )
+        self.stream.check_split("train_data")
         self.state = TrainerState(total_steps=self.count_total_steps())
         learner = Learner.build(
             self.learner_name, self.model, config, self.count_optimizer_steps(), optimizer
@@ -228,6 +250,16 @@ class Trainer:
             self.sharded[name] = ShardedModel(model)
             return model, build_optimizer(model, self.config)
         return self.accelerator.prepare(model, build_optimizer(model, self.config))
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager:
+        """Gradients of the micro-batches before an optimiser step's last, kept on each process
+        instead of reduced (DDP's ``no_sync``, through accelerate). Sharded models reduce them
+        at every micro-batch: holding them back would keep whole-size gradients on every
+        process, the memory FSDP is there to save (and accelerate's FSDP ``no_sync`` expects
+        one root module, where a reward model or a critic is several)."""
+        if self.sharded:
+            return nullcontext()
+        return self.accelerator.no_sync(model)
 
     def model_attributes(self) -> dict[str, str]:
         """The attributes that hold a trained model, and the model's name (``distribute``)."""
@@ -426,7 +458,7 @@ class Trainer:
             # by Accelerator(gradient_accumulation_steps=...): that setting is process-global
             # state shared by every Accelerator, so two trainers would overwrite each other's.
             last = index == accumulation - 1
-            sync = nullcontext() if last else self.accelerator.no_sync(self.model)
+            sync = nullcontext() if last else self.no_sync(self.model)
             with sync, self.runtime.autocast():
                 loss, metrics = self.compute_loss(batch)
                 self.accelerator.backward(loss / accumulation)
@@ -513,8 +545,14 @@ class Trainer:
             **dataclasses.asdict(self.state),
             "scheduler": schedules,
             "config": self.config.to_dict(),
+            "launch": self._launch(),
             **self.extra_state(),
         }
+
+    def _launch(self) -> dict[str, Any]:
+        """What a checkpoint's layout depends on: the number of processes (each one's data
+        position and random streams) and whether the optimiser state is sharded."""
+        return {"processes": self.accelerator.num_processes, "fsdp": bool(self.sharded)}
 
     def _rng_state(self) -> dict[str, torch.Tensor]:
         generators = {f"generator/{k}": g.get_state() for k, g in self.generators().items()}
@@ -576,13 +614,8 @@ class Trainer:
         if saved["total_steps"] != self.state.total_steps:
             message = "%s planned %d steps; continuing to this run's %d"
             logger.warning(message, path, saved["total_steps"], self.state.total_steps)
+        self._check_launch(path, saved.get("launch", {"processes": 1, "fsdp": False}))
         optimizer_file = path / self._optimizer_file()
-        if not optimizer_file.is_file():
-            raise UsageError(
-                f"{path} has no {optimizer_file.name}: it was written by a run with another "
-                "number of processes or without/with fsdp. Resume with the same launch, or "
-                "start again with resume: false"
-            )
         optimizers = ckpt.load_state(optimizer_file)
         missing = [name for name in self.learners if name not in optimizers]
         if missing:
@@ -603,6 +636,18 @@ class Trainer:
         self._load_rng(path / f"rng_state_{self.accelerator.process_index}.safetensors")
         self._saved_at = self.state.step
         logger.info("resumed from %s at step %d", path, self.state.step)
+
+    def _check_launch(self, path: Path, saved: dict[str, Any]) -> None:
+        """A checkpoint resumes only on the launch that wrote it: with other processes the
+        data positions and random streams would not continue, a sharded optimiser state
+        would not fit."""
+        now = self._launch()
+        if saved != now:
+            raise UsageError(
+                f"{path} was written by a run on {_launch_text(saved)}, and this one runs on "
+                f"{_launch_text(now)}. Resume with the same launch, or start again with "
+                "resume: false"
+            )
 
     def _load_rng(self, rng_file: Path) -> None:
         if not rng_file.is_file():

@@ -143,6 +143,8 @@ class PPOTrainer(Trainer):
         self.ptx_stream = Stream(
             len(self.ptx_examples), config.batch_size, config.seed, True, rank, world
         )
+        if self.ptx_examples:
+            self.ptx_stream.check_split("ptx_data")
         self.ptx_position = (0, 0)  # (pass, batch) of the ptx stream
 
     def _update_schedule(self) -> list[MinibatchLearner]:
@@ -156,7 +158,7 @@ class PPOTrainer(Trainer):
                 losses[name],
                 self.config.gradient_accumulation_steps,
                 self.runtime.autocast,
-                functools.partial(self.accelerator.no_sync, engines[name]),
+                functools.partial(self.no_sync, engines[name]),
             )
             for name, learner in self.learners.items()
         ]
