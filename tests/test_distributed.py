@@ -98,10 +98,11 @@ def model(tiny_model_dir, tmp_path_factory) -> Path:
 def data(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("distributed_data")
     words = ["red", "blue", "cat", "dog", "tree", "sky", "book", "food"]
-    demos = [
-        {"prompt": f"The {words[i % 8]} number {i}", "response": f" is {words[(i + 3) % 8]}."}
+    demos = [  # responses of 3 to 6 tokens: SFT weighs its micro-batches by their tokens
+        {"prompt": f"The {words[i % 8]} number {i}",
+         "response": f" is {words[(i + 3) % 8]}" + " very" * (i % 4) + "."}
         for i in range(24)
-    ]
+    ]  # fmt: skip
     pairs = [
         {"prompt": d["prompt"], "chosen": d["response"], "rejected": f" was {words[i % 8]} {i}"}
         for i, d in enumerate(demos)

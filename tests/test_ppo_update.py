@@ -6,7 +6,7 @@ import types
 
 import torch
 
-from rlhfkit.trainers import ppo_update
+from rlhfkit.runtime import distributed
 from rlhfkit.trainers.ppo_update import POLICY_SHARE_BESIDE_CRITIC, token_weights, update_learners
 
 
@@ -72,8 +72,8 @@ def test_token_weights_make_the_mean_over_every_processes_tokens(monkeypatch):
     # This process holds 4 and 2 response tokens in its two micro-batches; the other process
     # 12 and 2. Averaged over 2 processes, weight * own mean must give the global token mean.
     other = torch.tensor([12.0, 2.0], dtype=torch.float64)
-    monkeypatch.setattr(ppo_update, "world_size", lambda: 2)
-    monkeypatch.setattr(ppo_update, "sum_over_ranks", lambda counts: counts + other)
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(distributed, "sum_over_ranks", lambda counts: counts + other)
     [[(_, first)], [(_, second)]] = token_weights([[_micro([3, 1])], [_micro([2])]])
     assert first == 4 * 2 / 16 and second == 2 * 2 / 4
     # Per-token losses: this process 1.0 each (mean 1), the other 3.0 each (mean 3), and the

@@ -163,6 +163,12 @@ def response_logprobs(
     return ResponsePass(token_logprobs(logits, response), logits, values)
 
 
+def labelled_tokens(batch: dict) -> torch.Tensor:
+    """How many tokens ``labelled_logprobs`` scores in ``batch`` (a 0-d tensor): the labelled
+    ones after the first position, which nothing predicts."""
+    return (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
+
+
 def labelled_logprobs(
     model: nn.Module, batch: dict, trim: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,6 +48,15 @@ def mean_over_ranks(value: float) -> float:
     return total.item() / world_size()
 
 
+def shares_over_ranks(counts: torch.Tensor) -> list[float]:
+    """Each process's ``counts`` (M,) as a share of their sum over the processes, times the
+    number of processes: the weights that turn the average of the processes' per-micro-batch
+    means (what data parallelism's gradient averaging takes) into the mean over all their
+    items. Exactly 1 each with one process."""
+    counts = counts.double()
+    return (counts * world_size() / sum_over_ranks(counts).clamp(min=1)).tolist()
+
+
 def all_over_ranks(flag: torch.Tensor) -> bool:
     """Whether a 0-d boolean ``flag`` is true on every process (on the device collectives use
     for this backend: the GPU with NCCL)."""

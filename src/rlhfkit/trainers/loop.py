@@ -289,6 +289,13 @@ class Trainer:
         """Loss (scalar tensor) and metrics of one micro-batch."""
         raise NotImplementedError
 
+    def micro_batch_weights(self, batches: list[Batch]) -> list[float]:
+        """What each micro-batch's loss counts in its step: 1 each here, the processes' losses
+        averaged. A loss that is a mean over a varying number of items (SFT's tokens) weights
+        them by that number (``distributed.shares_over_ranks``), so that N processes take the
+        step of one process holding all their items."""
+        return [1.0] * len(batches)
+
     def evaluate(self) -> dict[str, float]:
         """Held-out metrics; the loop calls this in eval mode under `torch.no_grad()`."""
         return {}
@@ -451,9 +458,10 @@ class Trainer:
         optimiser step, clip, step. Returns the micro-batch-averaged metrics plus `grad_norm`
         and `lr`."""
         accumulation = self.config.gradient_accumulation_steps
+        batches = [self.next_batch() for _ in range(accumulation)]
+        weights = self.micro_batch_weights(batches)
         totals: dict[str, float] = {}
-        for index in range(accumulation):
-            batch = self.next_batch()
+        for index, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
             # No gradient all-reduce until the last micro-batch. The division is done here, not
             # by Accelerator(gradient_accumulation_steps=...): that setting is process-global
             # state shared by every Accelerator, so two trainers would overwrite each other's.
@@ -461,7 +469,7 @@ class Trainer:
             sync = nullcontext() if last else self.no_sync(self.model)
             with sync, self.runtime.autocast():
                 loss, metrics = self.compute_loss(batch)
-                self.accelerator.backward(loss / accumulation)
+                self.accelerator.backward(loss * weight / accumulation)
             accumulate(totals, {"loss": loss, **metrics}, 1 / accumulation)
         stats = self.learners[self.learner_name].step()
         totals["lr"] = stats["lr"]

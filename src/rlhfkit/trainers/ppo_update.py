@@ -26,7 +26,7 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from rlhfkit.experience.rollout import Rollout
-from rlhfkit.runtime.distributed import sum_over_ranks, world_size
+from rlhfkit.runtime.distributed import shares_over_ranks
 from rlhfkit.runtime.parallel import run_parallel
 from rlhfkit.trainers.loop import accumulate
 from rlhfkit.trainers.optim import Learner
@@ -94,9 +94,7 @@ def token_weights(minibatches: list[list[Rollout]]) -> list[Minibatch]:
     With one process every weight is exactly 1.
     """
     micros = [mb for minibatch in minibatches for mb in minibatch]
-    counts = torch.stack([mb.response_mask.sum() for mb in micros]).double()  # (M,)
-    totals = sum_over_ranks(counts).clamp(min=1)
-    weights = iter((counts * world_size() / totals).tolist())
+    weights = iter(shares_over_ranks(torch.stack([mb.response_mask.sum() for mb in micros])))
     return [[(mb, next(weights)) for mb in minibatch] for minibatch in minibatches]
 
 

@@ -31,8 +31,9 @@ from rlhfkit.data import (
     load_records,
 )
 from rlhfkit.models.loading import check_model_source, load_causal_lm, load_tokenizer
-from rlhfkit.models.passes import labelled_logprobs
+from rlhfkit.models.passes import labelled_logprobs, labelled_tokens
 from rlhfkit.ops.masks import masked_mean, masked_sum
+from rlhfkit.runtime.distributed import shares_over_ranks
 from rlhfkit.trainers.loop import Batch
 from rlhfkit.trainers.policy import PolicyTrainer
 
@@ -66,6 +67,10 @@ class SFTTrainer(PolicyTrainer):
             **kwargs,
         )
         self.eval_examples = eval_examples
+
+    def micro_batch_weights(self, batches: list[Batch]) -> list[float]:
+        """By response tokens, over the processes: the mean NLL of all their tokens."""
+        return shares_over_ranks(torch.stack([labelled_tokens(batch) for batch in batches]))
 
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
         logprobs, mask = labelled_logprobs(self.model, batch, trim=False)
