@@ -132,12 +132,12 @@ class GRPOTrainer(PolicyTrainer):
         self.sample_generator = torch.Generator(self.accelerator.device)
 
     def next_batch(self) -> Batch:
-        """The next prompts, and the sampling stream re-seeded from their place in the data:
-        a batch's groups are the same whichever process samples them, on any number of
-        processes, and after a resume (nothing to save)."""
+        """The next prompts, with the seed of their samples (``sample_seed``), drawn from their
+        place in the data: a batch's groups are the same whichever process samples them, on
+        any number of processes, and after a resume (nothing to save)."""
         batch = super().next_batch()
         number = self.stream.number(self.state.batch_index - 1)
-        self.sample_generator.manual_seed(stream_seed(self.config.seed, self.state.epoch, number))
+        batch["sample_seed"] = stream_seed(self.config.seed, self.state.epoch, number)
         return batch
 
     @property
@@ -176,6 +176,8 @@ class GRPOTrainer(PolicyTrainer):
         k = cfg.num_generations
         query = batch["query"].repeat_interleave(k, dim=0)  # (B, Tq), groups contiguous
         query_mask = batch["query_mask"].repeat_interleave(k, dim=0)  # (B, Tq)
+        if "sample_seed" in batch:  # from next_batch; other batches draw on where it stands
+            self.sample_generator.manual_seed(batch["sample_seed"])
         samples, eos_emitted = self.sample(query, query_mask, self.sample_generator)
         generated = time.perf_counter()
         raw_scores = self.scorer(samples)  # (B,)
