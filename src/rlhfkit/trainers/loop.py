@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import send_to_device, set_seed
+from accelerate.utils import DistributedDataParallelKwargs, send_to_device, set_seed
 from torch import nn
 
 from rlhfkit import checkpoint as ckpt
@@ -214,7 +214,11 @@ class Trainer:
             raise ValueError("train_data is empty: nothing to train on")
         self.config = config
         self.runtime = Runtime.from_config(config)
-        self.accelerator = accelerator or Accelerator(cpu=self.runtime.device.type == "cpu")
+        # DDP's gradients as views of its all-reduce buckets: one copy of them, not two.
+        replicas = DistributedDataParallelKwargs(gradient_as_bucket_view=True)
+        self.accelerator = accelerator or Accelerator(
+            cpu=self.runtime.device.type == "cpu", kwargs_handlers=[replicas]
+        )
         self.train_data = train_data
         self.collate_fn = collate_fn
         self.tokenizer = tokenizer
