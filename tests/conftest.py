@@ -5,6 +5,7 @@ Fixtures are session-scoped because building them is the slowest part of many te
 that mutate a model must ask for ``tiny_model`` (a fresh load) rather than share one.
 """
 
+import json
 import os
 
 # Set before transformers/datasets are imported anywhere, so nothing tries the network.
@@ -133,6 +134,27 @@ def tiny_llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
+
+
+def write_jsonl(path, rows: list[dict]) -> None:
+    """``rows`` as JSON lines at ``path``, its directory made if needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def write_pipeline_data(root) -> None:
+    """prompts/, sft/ and comparisons/ with train and test files, as the demo data has: the
+    first 3 words of a tiny-corpus line as the prompt, the rest as the response."""
+    lines = tiny_corpus(60, seed=3)
+    for split, chunk in (("train", lines[:44]), ("test", lines[44:])):
+        cut = [(" ".join(s.split()[:3]), " " + " ".join(s.split()[3:])) for s in chunk]
+        write_jsonl(root / "prompts" / f"{split}.jsonl", [{"prompt": p} for p, _ in cut])
+        write_jsonl(root / "sft" / f"{split}.jsonl", [{"prompt": p, "response": r} for p, r in cut])
+        pairs = [
+            {"prompt": p, "chosen": r, "rejected": other}
+            for (p, r), (_, other) in zip(cut, cut[1:] + cut[:1], strict=True)
+        ]
+        write_jsonl(root / "comparisons" / f"{split}.jsonl", pairs)
 
 
 def tiny_prompts(tokenizer, n: int = 64) -> list[list[int]]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_corpus
+from conftest import write_jsonl, write_pipeline_data
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.evaluation.report import TABLE_COLUMNS, load_eval
@@ -21,27 +21,11 @@ TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_tiny.yaml"
 STAGES = ("sft", "reward", "ppo", "dpo", "eval")
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
     """prompts/, sft/ and comparisons/ with train and test files, as the demo data has."""
     root = tmp_path_factory.mktemp("tiny_data")
-    lines = tiny_corpus(60, seed=3)
-    for split, chunk in (("train", lines[:44]), ("test", lines[44:])):
-        cut = [(" ".join(s.split()[:3]), " " + " ".join(s.split()[3:])) for s in chunk]
-        _write_jsonl(root / "prompts" / f"{split}.jsonl", [{"prompt": p} for p, _ in cut])
-        _write_jsonl(
-            root / "sft" / f"{split}.jsonl", [{"prompt": p, "response": r} for p, r in cut]
-        )
-        pairs = [
-            {"prompt": p, "chosen": r, "rejected": other}
-            for (p, r), (_, other) in zip(cut, cut[1:] + cut[:1], strict=True)
-        ]
-        _write_jsonl(root / "comparisons" / f"{split}.jsonl", pairs)
+    write_pipeline_data(root)
     return root
 
 
@@ -124,7 +108,7 @@ def test_report_from_fake_results(tmp_path):
     from rlhfkit.evaluation.report import format_table, write_report
 
     stage = tmp_path / "ppo"
-    _write_jsonl(
+    write_jsonl(
         stage / "metrics.jsonl",
         [{"step": s, "train/score/mean": s / 10, "train/kl/ref": s} for s in (1, 2, 3)],
     )

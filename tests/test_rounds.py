@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import tiny_corpus
+from conftest import tiny_corpus, write_jsonl, write_pipeline_data
 from rlhfkit import checkpoint as ckpt
+from rlhfkit.cli import _print_summary
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.evaluation.report import ROUNDS_PNG, write_report
 from rlhfkit.labelling.prepare import PrepareConfig, sample_tasks
@@ -40,30 +41,14 @@ TINY_CONFIG = ROOT / "configs" / "demo_tiny.yaml"
 PROMPTS_PER_ROUND = 8
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-
-
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory) -> Path:
     """prompts/, sft/, comparisons/ as test_pipeline's, and round_prompts.jsonl: 4-word
     prompts that the comparisons (3-word prompts) do not hold."""
     root = tmp_path_factory.mktemp("rounds_data")
-    lines = tiny_corpus(60, seed=3)
-    for split, chunk in (("train", lines[:44]), ("test", lines[44:])):
-        cut = [(" ".join(s.split()[:3]), " " + " ".join(s.split()[3:])) for s in chunk]
-        _write_jsonl(root / "prompts" / f"{split}.jsonl", [{"prompt": p} for p, _ in cut])
-        _write_jsonl(
-            root / "sft" / f"{split}.jsonl", [{"prompt": p, "response": r} for p, r in cut]
-        )
-        pairs = [
-            {"prompt": p, "chosen": r, "rejected": other}
-            for (p, r), (_, other) in zip(cut, cut[1:] + cut[:1], strict=True)
-        ]
-        _write_jsonl(root / "comparisons" / f"{split}.jsonl", pairs)
+    write_pipeline_data(root)
     fresh = list(dict.fromkeys(" ".join(s.split()[:4]) for s in tiny_corpus(80, seed=7)))
-    _write_jsonl(root / "round_prompts.jsonl", [{"prompt": p} for p in fresh])
+    write_jsonl(root / "round_prompts.jsonl", [{"prompt": p} for p in fresh])
     return root
 
 
@@ -245,7 +230,7 @@ run_pipeline(load_config(PipelineConfig, {str(TINY_CONFIG)!r}, **json.loads(sys.
 
 
 def test_people_label_a_round_the_pipeline_waits_then_goes_on(
-    two_rounds, tiny_data, tiny_model_dir, tmp_path, caplog
+    two_rounds, tiny_data, tiny_model_dir, tmp_path, caplog, capsys
 ):
     config, _, _ = two_rounds
     run = tmp_path / "run"
@@ -254,7 +239,12 @@ def test_people_label_a_round_the_pipeline_waits_then_goes_on(
     caplog.set_level(logging.INFO, logger="rlhfkit.pipeline.run")
     db = run / "round_2" / "labels.db"
 
-    assert run_pipeline(people) == db  # stops, exit code 0 from the command line
+    pending = run_pipeline(people)  # stops, exit code 0 from the command line
+    assert pending.path == db
+    _print_summary("pipeline", people, pending)
+    said = capsys.readouterr().out
+    assert "rlhfkit pipeline: stopped: round 2 waits for labels" in said and "done" not in said
+    assert str(db.resolve()) in said
     tasks = Store(db).tasks()
     samples = read_jsonl(run / "round_2" / "samples" / "samples.jsonl")
     assert [(t.prompt, t.responses) for t in tasks.values()] == [
@@ -276,7 +266,7 @@ def test_people_label_a_round_the_pipeline_waits_then_goes_on(
 
     vote("ann", n // 2)
     caplog.clear()
-    assert run_pipeline(people) == db  # half-labelled: still waiting, nothing trained
+    assert run_pipeline(people).path == db  # half-labelled: still waiting, nothing trained
     missing = n - n // 2
     assert f"{missing} of {n} tasks" in caplog.text and f"({missing} votes missing" in caplog.text
     assert not (run / "round_2" / "labels").exists()

@@ -436,8 +436,11 @@ def _hide_library_progress_bars() -> None:
 
 
 def _print_summary(name: str, config: Any, result: Any) -> None:
-    """Tell the user where the results are."""
-    print(f"\nrlhfkit {name}: done.")
+    """Tell the user where the results are. A run that stopped to wait (the pipeline for
+    people's labels) returns an object with a `headline()` and the `path` to look at."""
+    headline = getattr(result, "headline", None)
+    print(f"\nrlhfkit {name}: {headline() if headline else 'done.'}")
+    result = getattr(result, "path", result)
     if isinstance(result, str | Path):
         print(f"  result:         {Path(result).resolve()}")
     output_dir = getattr(config, "output_dir", None)

@@ -80,6 +80,15 @@ class LabelsPending:
     votes_missing: int
     labels_per_task: int
 
+    @property
+    def path(self) -> Path:
+        """Where the run stands: the database the labellers work in."""
+        return self.db
+
+    def headline(self) -> str:
+        """What the command line says instead of "done"."""
+        return f"stopped: round {self.round} waits for labels ({self.tasks_missing} tasks)"
+
     def message(self) -> str:
         serve = f"rlhfkit label serve --db {self.db} --labels_per_task {self.labels_per_task}"
         return (

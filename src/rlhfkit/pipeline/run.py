@@ -146,9 +146,9 @@ def pipeline_steps(config: PipelineConfig, stages: Stages, plan: RoundPlan | Non
 
 
 # --------------------------------------------------------------------------- the run
-def run_pipeline(config: PipelineConfig) -> Path:
-    """Run every stage not yet done, then write the report; returns the report's path, or
-    the labelling database's while a round waits for people's votes (``LabelsPending``)."""
+def run_pipeline(config: PipelineConfig) -> Path | LabelsPending:
+    """Run every stage not yet done, then write the report; returns the report's path, or,
+    while a round waits for people's votes, the ``LabelsPending`` that says where and how many."""
     stages = stage_configs(config)
     plan = plan_rounds(config, stages)  # the rounds' prompts checked before any training
     run_dir = config.run_dir
@@ -171,7 +171,7 @@ def run_pipeline(config: PipelineConfig) -> Path:
         ckpt.write_json(timings, timings_path)
         if isinstance(pending, LabelsPending):
             logger.info("stage %d/%d %s: %s", number, len(steps), step.name, pending.message())
-            return pending.db
+            return pending
         logger.info("stage %d/%d %s: done in %.1f s", number, len(steps), step.name, seconds)
     return _write_report(config, stages, timings, started)
 
