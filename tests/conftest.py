@@ -81,15 +81,18 @@ def tiny_corpus(n_lines: int = 400, seed: int = 0) -> list[str]:
     return lines
 
 
-def build_tiny_tokenizer(vocab_size: int = TINY_VOCAB_SIZE) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE (GPT-2 style) on ``tiny_corpus`` in well under a second."""
+def build_tiny_tokenizer(
+    vocab_size: int = TINY_VOCAB_SIZE, pad_is_eos: bool = False
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE (GPT-2 style) on ``tiny_corpus`` in well under a second; with
+    ``pad_is_eos`` EOS is its only special token and its pad, as many hub tokenizers have."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS_TOKEN, PAD_TOKEN],
+        special_tokens=[EOS_TOKEN] if pad_is_eos else [EOS_TOKEN, PAD_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -99,7 +102,7 @@ def build_tiny_tokenizer(vocab_size: int = TINY_VOCAB_SIZE) -> PreTrainedTokeniz
         bos_token=EOS_TOKEN,
         eos_token=EOS_TOKEN,
         unk_token=EOS_TOKEN,
-        pad_token=PAD_TOKEN,
+        pad_token=EOS_TOKEN if pad_is_eos else PAD_TOKEN,
         model_max_length=128,
     )
 

@@ -11,10 +11,9 @@ import sys
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import EOS_TOKEN, TINY_VOCAB_SIZE, tiny_corpus, tiny_lm
+from conftest import build_tiny_tokenizer, tiny_corpus, tiny_lm
 
 pytestmark = pytest.mark.slow  # a PPO run, then eval, sample, chat and DPO: 40 s or more
 
@@ -55,37 +54,12 @@ def _write_jsonl(path, rows):
     return path
 
 
-def _eos_only_tokenizer() -> PreTrainedTokenizerFast:
-    """The tiny corpus's byte-level BPE with EOS as its only special token, pad set to EOS:
-    unlike conftest's tokenizer it has no ``<|pad|>`` in its vocabulary, so giving it a pad
-    must add a token."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB_SIZE,
-        special_tokens=[EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(tiny_corpus(), trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=EOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        unk_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
-        model_max_length=128,
-    )
-
-
 @pytest.fixture(scope="module")
 def pad_is_eos_model_dir(tmp_path_factory):
     """The tiny GPT-2 saved with a tokenizer whose pad is its EOS, and exactly one embedding
     row per token: a pad of its own cannot reuse a spare row."""
     path = tmp_path_factory.mktemp("pad_is_eos_model")
-    tokenizer = _eos_only_tokenizer()
+    tokenizer = build_tiny_tokenizer(pad_is_eos=True)
     tiny_lm(tokenizer, n_positions=128).save_pretrained(path)
     tokenizer.save_pretrained(path)
 
