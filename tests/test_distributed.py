@@ -293,6 +293,7 @@ shard(model)
 out = generate(model, query, torch.ones_like(query), config, eos_token_id=eos, pad_token_id=0)
 with open(f"{sys.argv[2]}/rank{dist.get_rank()}.json", "w") as f:
     json.dump(out.response.tolist(), f)
+dist.barrier()  # both done before either tears its connections down
 dist.destroy_process_group()
 """
 
