@@ -150,11 +150,28 @@ def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
     assert "kl/ref" not in no_kl.compute_loss(batch)[1]
 
 
-def test_stop_and_resume_equals_an_uninterrupted_run(tiny_tokenizer, tmp_path):
+def test_processed_scores_make_the_advantages(tiny_tokenizer, tmp_path):
+    # Leave-one-out advantages of scores clipped to [-0.01, 0.01] are at most 0.02 apart;
+    # TargetFraction's raw scores (fractions in [0, 1]) give larger ones.
+    prompts = tiny_prompts(tiny_tokenizer)
+    batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
+    stats = {}
+    for clip in (None, 0.01):
+        config = _config(tmp_path, advantage="rloo", score_clip=clip)
+        trainer = GRPOTrainer(
+            config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
+        )
+        stats[clip] = trainer.compute_loss(batch)[1]["advantage/abs_mean"]
+    assert stats[0.01] <= 0.02 < stats[None]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"advantage": "rloo", "score_normalize": "standardize"}])
+def test_stop_and_resume_equals_an_uninterrupted_run(overrides, tiny_tokenizer, tmp_path):
+    # With score_normalize, the running moments of the scores are part of the checkpoint.
     prompts = tiny_prompts(tiny_tokenizer)
 
-    def trainer(out, **overrides):
-        config = _config(tmp_path, output_dir=str(tmp_path / out), max_steps=2, **overrides)
+    def trainer(out, **more):
+        config = _config(tmp_path, output_dir=str(tmp_path / out), max_steps=2, **overrides, **more)
         return GRPOTrainer(
             config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
         )
@@ -196,6 +213,10 @@ def test_config_checks():
         GRPOConfig()
     with pytest.raises(ConfigError, match="GRPOConfig.advantage = 'ppo'"):
         GRPOConfig(reward_functions=["m:f"], advantage="ppo")
+    with pytest.raises(ConfigError, match="GRPOConfig.missing_eos_replace = True"):
+        GRPOConfig(reward_functions=["m:f"], missing_eos_replace=True)
+    with pytest.raises(ConfigError, match="GRPOConfig.score_clip = 0"):
+        GRPOConfig(reward_functions=["m:f"], score_clip=0)
 
 
 @pytest.mark.parametrize(

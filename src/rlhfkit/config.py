@@ -368,14 +368,28 @@ class RewardOptions:
 
 @dataclass
 class ScorerOptions(RewardOptions):
-    """`RewardOptions` of the RL stages, with the missing-EOS penalty of their rewards."""
+    """`RewardOptions` of the RL stages, with how their raw scores are processed before they
+    are learned from (`experience.rewards.process_scores`)."""
 
     missing_eos_penalty: float | None = None
     """Subtract this from the score of responses that hit max_new_tokens without EOS."""
+    missing_eos_replace: bool = False
+    """Set such scores to -missing_eos_penalty instead (lm-human-preferences)."""
+    score_normalize: Literal["none", "scale", "standardize"] = "none"
+    """Divide scores by their running std ('scale'), also subtract the running mean."""
+    score_clip: float | None = None
+    """Clip processed scores to [-score_clip, score_clip]; None = no clipping."""
 
     def _check_scorers(self) -> None:
         penalty = self.missing_eos_penalty
         require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
+        require(
+            self,
+            "missing_eos_replace",
+            not self.missing_eos_replace or penalty is not None,
+            "False unless missing_eos_penalty is set",
+        )
+        require(self, "score_clip", self.score_clip is None or self.score_clip > 0, "None or > 0")
         self._check_rewards()
 
 

@@ -81,6 +81,16 @@ class ScoreOptions:
     normalize: str = "none"
     clip: float | None = None
 
+    @classmethod
+    def of(cls, config) -> ScoreOptions:
+        """The options of a stage config with ``ScorerOptions``' fields (PPO, GRPO, RLOO)."""
+        return cls(
+            config.missing_eos_penalty,
+            config.missing_eos_replace,
+            config.score_normalize,
+            config.score_clip,
+        )
+
     def __post_init__(self):
         if self.normalize not in ("none", "scale", "standardize"):
             raise ValueError(

@@ -122,7 +122,7 @@ class GRPOTrainer(PolicyTrainer):
                 shard(model)
         settings = RolloutSettings(
             sampling=config.sampling,
-            scores=ScoreOptions(missing_eos_penalty=config.missing_eos_penalty),
+            scores=ScoreOptions.of(config),
         )
         models = RolloutModels(self.unwrapped_model, self.reference, None)
         self.maker = ExperienceMaker(models, scorer, tokenizer, settings, self.runtime)
@@ -130,6 +130,7 @@ class GRPOTrainer(PolicyTrainer):
         self.packed = models.packed
         self.eval_prompts = list(eval_prompts)
         self.sample_generator = torch.Generator(self.accelerator.device)
+        self.moments = RunningMoments()  # of every score seen, for score_normalize
 
     def next_batch(self) -> Batch:
         """The next prompts, with the seed of their samples (``sample_seed``), drawn from their
@@ -182,7 +183,7 @@ class GRPOTrainer(PolicyTrainer):
         generated = time.perf_counter()
         raw_scores = self.scorer(samples)  # (B,)
         options = self.maker.settings.scores
-        scores = process_scores(raw_scores, eos_emitted, options, RunningMoments())
+        scores = process_scores(raw_scores, eos_emitted, options, self.moments)
         advantages = group_baseline_advantages(scores, cfg)  # (B,)
 
         response, mask = samples.response, samples.response_mask  # (B, Tr) each
@@ -244,6 +245,12 @@ class GRPOTrainer(PolicyTrainer):
             for i in range(n)
         ]
         self.tracker.log_samples(rows, step)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"score_moments": self.moments.state_dict()}
+
+    def load_extra_state(self, saved: dict[str, Any]) -> None:
+        self.moments.load_state_dict(saved["score_moments"])
 
     def evaluate(self) -> dict[str, float]:
         """Mean score and length of one fixed-seed sample per held-out prompt."""

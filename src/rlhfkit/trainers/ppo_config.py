@@ -98,12 +98,6 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     """Weight of the entropy bonus (subtracted from the loss)."""
     whiten_advantages: bool = True
     """Normalise advantages over each rollout batch."""
-    missing_eos_replace: bool = False
-    """Set such scores to -missing_eos_penalty instead (lm-human-preferences)."""
-    score_normalize: Literal["none", "scale", "standardize"] = "none"
-    """Divide scores by their running std ('scale'), also subtract the running mean."""
-    score_clip: float | None = None
-    """Clip processed scores to [-score_clip, score_clip]; None = no clipping."""
     ptx_coef: float = 0.0
     """Weight of the language-model loss on `ptx_data` (InstructGPT's PPO-ptx); 0 = off."""
     ptx_data: str | None = None
@@ -156,13 +150,6 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
         for name in ("vf_coef", "entropy_coef", "ptx_coef"):
             require(self, name, getattr(self, name) >= 0, "a number >= 0")
         require(
-            self,
-            "missing_eos_replace",
-            not self.missing_eos_replace or self.missing_eos_penalty is not None,
-            "False unless missing_eos_penalty is set",
-        )
-        require(self, "score_clip", self.score_clip is None or self.score_clip > 0, "None or > 0")
-        require(
             self, "ptx_data", self.ptx_coef == 0 or bool(self.ptx_data), "a path when ptx_coef > 0"
         )
         require(
@@ -201,12 +188,7 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
             gamma=self.gamma,
             lam=self.lam,
             whiten_advantages=self.whiten_advantages,
-            scores=ScoreOptions(
-                self.missing_eos_penalty,
-                self.missing_eos_replace,
-                self.score_normalize,
-                self.score_clip,
-            ),
+            scores=ScoreOptions.of(self),
             forward_batch_size=self.forward_batch_size,
         )
 
