@@ -23,7 +23,8 @@ fp32 loss math, eager attention (torch's CPU flash-attention backward is slow in
 AdamW and the table GELU (``ops.gelu_tanh``; both done by ``PPOTrainer``), policy and critic
 updated side by side on one core each, and the rollout's passes in two such halves
 (``--one-after-the-other`` turns both off), every pass over query + response on its real
-tokens only (``--padded`` keeps the padding). On a busy machine use
+tokens only (``--padded`` keeps the padding). ``--bounded-memory`` measures what
+``rlhfkit --bounded-memory`` does (a lower peak RSS, some speed). On a busy machine use
 ``--threads 1``: two OpenMP threads that get descheduled wait on each other (10x slower).
 
     .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets   # bf16, eager
@@ -51,6 +52,7 @@ from transformers import (  # noqa: E402
 
 from rlhfkit.experience.scorers import RewardModelScorer  # noqa: E402
 from rlhfkit.models.loading import RewardModel, ValueModel, load_causal_lm, load_tokenizer  # noqa: E402
+from rlhfkit.runtime.allocator import bound_held_memory  # noqa: E402
 from rlhfkit.trainers.ppo import PPOTrainer  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
 
@@ -157,9 +159,16 @@ def main() -> None:
         action="store_true",
         help="passes over query + response with their padding (default: padding-free)",
     )
+    ap.add_argument(
+        "--bounded-memory",
+        action="store_true",
+        help="one malloc arena and a smaller oneDNN kernel cache, as `rlhfkit --bounded-memory`",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.bounded_memory:  # before the models load (allocator.bound_held_memory)
+        bound_held_memory()
 
     what, tokenizer, policy, reference, critic, reward_model, prompt_file = load_models(args.assets)
     prompts = [tokenizer(p)["input_ids"] for p in _prompt_texts(prompt_file, 512)]

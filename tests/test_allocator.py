@@ -1,5 +1,5 @@
 """`retain_freed_memory`: training steps on a CPU stop taking page faults, and a user's own
-malloc settings win."""
+malloc settings win. `bound_held_memory` (`rlhfkit --bounded-memory`): one malloc arena."""
 
 import os
 import platform
@@ -81,3 +81,80 @@ def test_a_users_malloc_settings_are_kept(monkeypatch, name):
 
 def test_only_a_cpu_trainer_changes_the_thresholds():
     assert not allocator.retain_freed_memory(torch.device("meta"))
+
+
+# Two threads allocate and free blocks of a few MiB at once, in a fresh process; prints how
+# many heaps (arenas) malloc holds, from glibc's malloc_info.
+ARENAS = textwrap.dedent(
+    """
+    import ctypes, sys, tempfile, threading
+    from rlhfkit.runtime.allocator import bound_held_memory
+
+    if sys.argv[1] == "bound":
+        assert bound_held_memory()
+    start = threading.Barrier(2)
+
+    def work():
+        start.wait()
+        for _ in range(200):
+            ctypes.create_string_buffer(2**20)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    libc = ctypes.CDLL("libc.so.6")
+    libc.fopen.restype = ctypes.c_void_p
+    libc.malloc_info.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    libc.fclose.argtypes = (ctypes.c_void_p,)
+    with tempfile.NamedTemporaryFile(suffix=".xml") as out:
+        stream = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        print(open(out.name).read().count("<heap nr="))
+    """
+)
+
+
+def malloc_heaps(mode: str, **env_changes: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in allocator.USER_ARENA_SETTINGS}
+    result = subprocess.run(
+        [sys.executable, "-c", ARENAS, mode],
+        capture_output=True,
+        text=True,
+        env={**env, **env_changes},
+        check=True,
+    )
+    return int(result.stdout.split()[-1])
+
+
+@glibc
+def test_bounded_memory_shares_one_malloc_arena_between_threads():
+    assert malloc_heaps("default") > 1  # each thread that allocates gets an arena of its own
+    assert malloc_heaps("bound") == 1
+
+
+@glibc
+def test_bounded_memory_keeps_a_users_arena_setting(monkeypatch):
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert not allocator._set_arena_limit.__wrapped__()
+
+
+def test_bounded_memory_shrinks_onednns_kernel_cache_unless_the_user_set_it(monkeypatch):
+    monkeypatch.delenv(allocator.ONEDNN_CACHE, raising=False)
+    allocator.bound_held_memory()
+    assert os.environ[allocator.ONEDNN_CACHE] == str(allocator.ONEDNN_CACHE_CAPACITY)
+    monkeypatch.setenv(allocator.ONEDNN_CACHE, "512")
+    allocator.bound_held_memory()
+    assert os.environ[allocator.ONEDNN_CACHE] == "512"
+
+
+def test_the_cli_flag_bounds_memory_before_the_command_runs(monkeypatch):
+    from rlhfkit import cli
+
+    calls = []
+    monkeypatch.setattr(allocator, "bound_held_memory", lambda: calls.append(True))
+    with pytest.raises(SystemExit):
+        cli.main(["--bounded-memory", "sft", "--help"])
+    assert calls == [True]

@@ -82,9 +82,9 @@ def test_sft_and_rm_commands_train_and_save(tiny_model_dir, tmp_path):
     assert str(final) in out
     AutoModelForCausalLM.from_pretrained(final)
 
-    # The reward model starts from the SFT model, as in InstructGPT.
+    # The reward model starts from the SFT model, as in InstructGPT; with the memory bound.
     out = _cli(
-        "rm", "--model", str(final), "--output_dir", "runs/rm", "--max_steps", "2",
+        "--bounded-memory", "rm", "--model", str(final), "--output_dir", "runs/rm", "--max_steps", "2",
         "--train_data", _write_jsonl(tmp_path / "c.jsonl", pairs), "--eval_data", "null",
         "--batch_size", "4", "--max_length", "32", "--cpu", "true", cwd=tmp_path,
     )  # fmt: skip

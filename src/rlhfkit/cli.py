@@ -6,6 +6,7 @@
     rlhfkit rm  --config configs/rm.yaml             (alias: rlhfkit reward)
     rlhfkit --verbose sft ...                        also the libraries' own progress bars
     rlhfkit --debug sft ...                          a failure's traceback too (or RLHFKIT_DEBUG=1)
+    rlhfkit --bounded-memory ppo ...                 on a CPU, a lower peak for a little speed
     rlhfkit label serve --db runs/label/labels.db    a command of a group (`rlhfkit label --help`)
 
 Each command is one line in `COMMANDS`: a config dataclass and a `run(config)` function, both
@@ -42,7 +43,7 @@ from rlhfkit.errors import RunError, UsageError
 from rlhfkit.text import terminal_text
 
 DEBUG_ENV = "RLHFKIT_DEBUG"
-FLAGS = ("--verbose", "--debug")  # before the command
+FLAGS = ("--verbose", "--debug", "--bounded-memory")  # before the command
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,13 @@ def _group_parser(group: str) -> argparse.ArgumentParser:
         description=GROUPS[group],
         epilog=f"`rlhfkit {group} <command> --help` documents every option of a command.",
     )
+    parser.add_argument(
+        "--bounded-memory",
+        action="store_true",
+        help="on a CPU, hold less memory for a little speed: one malloc arena for every thread "
+        "and 128 of oneDNN's compiled kernels instead of 1,024 (docs/ppo.md, 'Peak memory'); "
+        "before the command",
+    )
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name, command in COMMANDS.items():
         if name.startswith(f"{group} "):
@@ -208,6 +216,13 @@ def _top_parser() -> argparse.ArgumentParser:
         help=f"on a failure, also print the traceback (as {DEBUG_ENV}=1 does); before the "
         "command. Exit codes: 2 for a bad option, config, data file, path or reward function "
         "spec, 1 for a failure while running",
+    )
+    parser.add_argument(
+        "--bounded-memory",
+        action="store_true",
+        help="on a CPU, hold less memory for a little speed: one malloc arena for every thread "
+        "and 128 of oneDNN's compiled kernels instead of 1,024 (docs/ppo.md, 'Peak memory'); "
+        "before the command",
     )
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name, command in COMMANDS.items():
@@ -394,6 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if "--verbose" not in flags:
             _hide_library_progress_bars()
+        if "--bounded-memory" in flags:  # before any model is loaded, or too late
+            from rlhfkit.runtime.allocator import bound_held_memory
+
+            bound_held_memory()
         result, config = run_command(name, args)
     except KeyboardInterrupt:
         print(f"\nrlhfkit {name}: interrupted", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Keep freed tensor memory in the process on Linux CPUs, instead of handing it back to the kernel.
+"""Keep freed tensor memory in the process on Linux CPUs, instead of handing it back to the
+kernel, and bound how much of it the process holds.
 
 PyTorch's CPU tensors come from the C library's ``malloc``. With glibc's defaults a large
 block comes from a fresh ``mmap`` (the threshold adapts, up to glibc's maximum,
@@ -19,6 +20,19 @@ on a CPU" and "Measured before 2026-11-24 on the 2-core CPU development machine"
 
 Every trainer calls it with its device. A user's own malloc settings (``GLIBC_TUNABLES``
 or ``MALLOC_*_`` variables) take precedence: the thresholds are then left as they are.
+
+``bound_held_memory`` (the CLI's ``--bounded-memory``) limits what is held that way, and must
+run before the first model is loaded: later, the threads already have their arenas and
+oneDNN its cache. Two things hold memory beyond the tensors:
+- glibc gives each thread that allocates its own arena, and with the raised thresholds each
+  arena keeps its freed blocks. The OpenMP workers and the two side-by-side threads
+  (``parallel.py``) then each keep a heap of their own. One arena (``M_ARENA_MAX``) shares it.
+- oneDNN, which runs bf16 matrix products on a CPU, keeps up to 1,024 compiled kernels with
+  their scratch memory, one per shape it met, and padding-free passes meet many shapes.
+  ``ONEDNN_CACHE_CAPACITY`` kernels are kept instead; oneDNN reads the setting when it
+  compiles its first kernel.
+Both cost a little speed; what each saves and costs: docs/ppo.md, "Peak memory". A user's own
+``MALLOC_ARENA_MAX`` (or ``GLIBC_TUNABLES``) and ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` are kept.
 """
 
 from __future__ import annotations
@@ -36,9 +50,13 @@ logger = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 MMAP_THRESHOLD = 32 * 2**20  # glibc's largest allowed on 64-bit systems
 TRIM_THRESHOLD = 2**30
 USER_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+USER_ARENA_SETTINGS = ("GLIBC_TUNABLES", "MALLOC_ARENA_MAX")
+ONEDNN_CACHE = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+ONEDNN_CACHE_CAPACITY = 128
 
 
 def retain_freed_memory(device: torch.device) -> bool:
@@ -50,16 +68,38 @@ def retain_freed_memory(device: torch.device) -> bool:
     return device.type == "cpu" and _set_thresholds()
 
 
+def bound_held_memory() -> bool:
+    """One malloc arena for every thread and a smaller oneDNN kernel cache (module docstring),
+    for the rest of the process; whether the arena limit is set (False off glibc, or when the
+    user set their own). Call it before the first model is loaded."""
+    os.environ.setdefault(ONEDNN_CACHE, str(ONEDNN_CACHE_CAPACITY))
+    return _set_arena_limit()
+
+
 @functools.cache
 def _set_thresholds() -> bool:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc(USER_SETTINGS)
+    if libc is None:
         return False
-    if any(name in os.environ for name in USER_SETTINGS):
-        logger.debug("malloc settings from the environment are kept")
-        return False
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     done = libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) and libc.mallopt(
         M_TRIM_THRESHOLD, TRIM_THRESHOLD
     )
     return bool(done)
+
+
+@functools.cache
+def _set_arena_limit() -> bool:
+    libc = _glibc(USER_ARENA_SETTINGS)
+    return libc is not None and bool(libc.mallopt(M_ARENA_MAX, 1))
+
+
+def _glibc(user_settings: tuple[str, ...]) -> ctypes.CDLL | None:
+    """The C library, if it is glibc and none of ``user_settings`` is in the environment."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    if any(name in os.environ for name in user_settings):
+        logger.debug("malloc settings from the environment are kept")
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return libc

@@ -10,7 +10,9 @@ speed-ups that belong to a kind of device, so that no algorithm's signature carr
 - the attention kernel of every model the run touches (``prepare``), with the fused GELU and,
   where asked, padding-free passes (``packing.py``);
 - on a CPU, memory kept for the next step (``allocator.py``) and independent model work side
-  by side on half the cores each (``parallel.py``); on a GPU, neither;
+  by side on half the cores each (``parallel.py``); on a GPU, neither. A bound on the memory
+  held (``allocator.bound_held_memory``) must come before any model is loaded: it is the
+  CLI's ``--bounded-memory``;
 - the processes of a data-parallel run (``distributed.py``): making the runtime joins the
   launcher's processes (accelerate's ``PartialState``), and each process takes its own GPU.
   Side by side is off with several processes: its threads would issue the two models'
