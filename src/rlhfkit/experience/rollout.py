@@ -217,14 +217,27 @@ class ExperienceMaker:
     3. turn raw scores into the scores PPO adds (missing-EOS penalty, normalisation, clip);
     4. shape per-token rewards: -beta * KL each token, plus the score at the last real token;
     5. advantages and returns by GAE, advantages whitened.
-    ``sample`` is step 1 alone, for evaluation.
+    ``sample`` is step 1 alone: GRPO and RLOO, evaluation, best-of-n and the labelling tasks
+    draw their responses from it (``sampler`` makes a maker for that alone).
     """
 
     models: RolloutModels
-    scorer: Scorer
+    scorer: Scorer | None
     tokenizer: Any
     settings: RolloutSettings
     runtime: Runtime
+
+    @classmethod
+    def sampler(
+        cls, policy: nn.Module, tokenizer, sampling: SamplingConfig, runtime: Runtime | None = None
+    ) -> ExperienceMaker:
+        """A maker that only samples (no scorer: ``make`` needs one), from ``policy`` on its
+        own device, in fp32 unless ``runtime`` says otherwise."""
+        if runtime is None:
+            device = next(policy.parameters()).device
+            runtime = Runtime(device=device, bf16=False, attention=None, side_by_side=False)
+        models = RolloutModels(policy, reference=None, critic=None)
+        return cls(models, None, tokenizer, RolloutSettings(sampling=sampling), runtime)
 
     @torch.no_grad()
     def sample(

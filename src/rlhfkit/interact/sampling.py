@@ -28,7 +28,8 @@ from torch import nn
 
 from rlhfkit.config import DEMO_DATA, RewardOptions, SamplingOptions, require
 from rlhfkit.data import PromptCollator, PromptRecord, encode_prompts, load_records
-from rlhfkit.experience.generation import SamplingConfig, generate
+from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.rollout import ExperienceMaker
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import ScoreInput, Scorer
 from rlhfkit.models.loading import freeze, load_causal_lm, load_tokenizer
@@ -92,10 +93,11 @@ def sample_responses(
     """Sample ``repeat`` responses per prompt (rows prompt-major: prompt 0's, then 1's...).
 
     One seeded generator for the whole call, so the same model, prompts and settings always
-    give the same samples. Returns the batches as ``ScoreInput``s, ready for any scorer.
+    give the same samples, drawn as PPO and GRPO draw theirs (``ExperienceMaker.sample``).
+    Returns the batches as ``ScoreInput``s, ready for any scorer.
     """
-    model.eval()
-    device = model_device(model)
+    maker = ExperienceMaker.sampler(model, tokenizer, sampling)
+    device = maker.runtime.device
     generator = torch.Generator(device).manual_seed(seed)
     rows = [p for p in prompts for _ in range(repeat)]
     collate = PromptCollator(tokenizer.pad_token_id)
@@ -103,15 +105,7 @@ def sample_responses(
     for start in range(0, len(rows), batch_size):
         batch = collate(rows[start : start + batch_size])
         query, query_mask = batch["query"].to(device), batch["query_mask"].to(device)  # (B, Tq)
-        out = generate(
-            model,
-            query,
-            query_mask,
-            sampling,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            generator=generator,
-        )
+        out = maker.sample(query, query_mask, generator)
         batches.append(
             ScoreInput.from_ids(tokenizer, query, query_mask, out.response, out.response_mask)
         )
