@@ -183,13 +183,6 @@ def _group_parser(group: str) -> argparse.ArgumentParser:
         description=GROUPS[group],
         epilog=f"`rlhfkit {group} <command> --help` documents every option of a command.",
     )
-    parser.add_argument(
-        "--bounded-memory",
-        action="store_true",
-        help="on a CPU, hold less memory for a little speed: one malloc arena for every thread "
-        "and 128 of oneDNN's compiled kernels instead of 1,024 (docs/ppo.md, 'Peak memory'); "
-        "before the command",
-    )
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name, command in COMMANDS.items():
         if name.startswith(f"{group} "):
