@@ -336,3 +336,17 @@ def test_fsdp_in_one_process_trains_the_whole_model_and_says_so(model, data, tmp
     alone = _run(1, "sft", [*args[:-1], "fsdp_alone", "--fsdp", "true"], tmp_path)
     assert "one process has no others to shard its models over" in alone.stderr
     _assert_same_weights(tmp_path / "one", tmp_path / "fsdp_alone", atol=0)
+
+
+def test_leaving_closes_the_process_group(tmp_path):
+    # The CLI leaves the group once its command is done, so that no process exits with gloo's
+    # threads still running (which aborted one process of a finished run in CI).
+    import torch.distributed as dist
+
+    from rlhfkit.runtime.distributed import leave_process_group
+
+    store = f"file://{tmp_path / 'store'}"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    leave_process_group()
+    assert not dist.is_initialized()
+    leave_process_group()  # no group: nothing to do

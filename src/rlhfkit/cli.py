@@ -407,6 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             bound_held_memory()
         result, config = run_command(name, args)
+        from rlhfkit.runtime.distributed import leave_process_group
+
+        leave_process_group()  # under a launcher: every process done before any exits
     except KeyboardInterrupt:
         print(f"\nrlhfkit {name}: interrupted", file=sys.stderr)
         return 130

@@ -75,6 +75,16 @@ def gather_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def leave_process_group() -> None:
+    """Wait for every process, then close the default process group, if there is one. A
+    process that exits with the group still open can abort in gloo's teardown after its work
+    is done ("terminate called without an active exception", exit code -6), and the launcher
+    then reports the whole run as failed."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def rank_seed(seed: int, process: int) -> int:
     """The seed of process ``process``'s own random stream: ``seed`` on process 0, a
     well-mixed derivation of ``(seed, process)`` on the others (numpy's ``SeedSequence``)."""
