@@ -31,7 +31,8 @@ oneDNN its cache. Two things hold memory beyond the tensors:
   their scratch memory, one per shape it met, and padding-free passes meet many shapes.
   ``ONEDNN_CACHE_CAPACITY`` kernels are kept instead; oneDNN reads the setting when it
   compiles its first kernel.
-Both cost a little speed; what each saves and costs: docs/ppo.md, "Peak memory". A user's own
+The two save most together, and the single arena costs some speed (its lock is shared); what
+each saves and costs: docs/ppo.md, "Peak memory". A user's own
 ``MALLOC_ARENA_MAX`` (or ``GLIBC_TUNABLES``) and ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` are kept.
 """
 
