@@ -33,8 +33,13 @@ from rlhfkit.evaluation.measures import (
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import load_reward_scorer
 from rlhfkit.experience.scorers import RewardModelScorer
-from rlhfkit.interact.sampling import model_device
-from rlhfkit.models.loading import check_model_source, freeze, load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import (
+    check_model_source,
+    freeze,
+    load_causal_lm,
+    load_tokenizer,
+    model_device,
+)
 from rlhfkit.tasks import DEMO_DATA_DIR, REWARD_FUNCTIONS
 
 logger = logging.getLogger(__name__)

@@ -40,9 +40,9 @@ from rlhfkit.experience.scorers import FunctionScorer, ScoreInput, Scorer
 from rlhfkit.interact.sampling import (
     best_of_n_expected,
     best_of_n_kl,
-    model_device,
     sample_responses,
 )
+from rlhfkit.models.loading import model_device
 from rlhfkit.models.lora import reference_mode
 from rlhfkit.models.passes import response_logprobs, sequence_inputs
 from rlhfkit.ops.masks import masked_sum

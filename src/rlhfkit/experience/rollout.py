@@ -31,7 +31,7 @@ from torch import nn
 from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
 from rlhfkit.experience.scorers import ScoreInput, Scorer
-from rlhfkit.models.loading import ValueModel, freeze, load_causal_lm
+from rlhfkit.models.loading import ValueModel, freeze, load_causal_lm, model_device
 from rlhfkit.models.lora import add_lora, reference_mode
 from rlhfkit.models.passes import (
     ValueHeadLM,
@@ -234,7 +234,7 @@ class ExperienceMaker:
         """A maker that only samples (no scorer: ``make`` needs one), from ``policy`` on its
         own device, in fp32 unless ``runtime`` says otherwise."""
         if runtime is None:
-            device = next(policy.parameters()).device
+            device = model_device(policy)
             runtime = Runtime(device=device, bf16=False, attention=None, side_by_side=False)
         models = RolloutModels(policy, reference=None, critic=None)
         return cls(models, None, tokenizer, RolloutSettings(sampling=sampling), runtime)

@@ -55,7 +55,7 @@ from rlhfkit.data import (
 )
 from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.experience.scorers import ScoreInput, Scorer, as_scorer
-from rlhfkit.models.loading import load_causal_lm, load_tokenizer
+from rlhfkit.models.loading import load_causal_lm, load_tokenizer, model_device
 
 MAX_TEXT_CHARS = 1 << 16  # bound of the Text spaces; any conversation that fits a model does
 DEFAULT_MAX_LENGTH = 1024  # tokens, when the tokenizer's model_max_length is unset (huge)
@@ -301,7 +301,7 @@ class LMAgent:
     ):
         self.model, self.tokenizer = model, tokenizer
         self.sampling = sampling or SamplingConfig()
-        self.device = next(model.parameters()).device
+        self.device = model_device(model)
         self.generator = None
         if seed is not None:
             self.generator = torch.Generator(self.device).manual_seed(seed)

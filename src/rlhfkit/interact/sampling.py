@@ -75,10 +75,6 @@ def _log_comb(k: torch.Tensor, r: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- sampling & scoring
-def model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
-
-
 @torch.no_grad()
 def sample_responses(
     model: nn.Module,

@@ -233,6 +233,11 @@ def load_causal_lm(
     return fuse_gelu(model)
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device ``model``'s weights are on (its first parameter's)."""
+    return next(model.parameters()).device
+
+
 def freeze(model: nn.Module) -> nn.Module:
     """Eval mode and no gradients: the frozen reference of the KL penalty."""
     model.eval()
