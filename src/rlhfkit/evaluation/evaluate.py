@@ -13,19 +13,20 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from rlhfkit.checkpoint import write_json
-from rlhfkit.config import require
+from rlhfkit.config import _check_literals, require
 from rlhfkit.data import encode_prompts, load_records
 from rlhfkit.evaluation.measures import (
     PolicySamples,
     best_of_n_curve,
     evaluate_policy,
     gold_scorer,
+    pass_rates,
     reward_model_accuracy,
     side_by_side,
     summarize,
@@ -40,7 +41,8 @@ from rlhfkit.models.loading import (
     load_tokenizer,
     model_device,
 )
-from rlhfkit.tasks import DEMO_DATA_DIR, REWARD_FUNCTIONS
+from rlhfkit.runtime.machine import Runtime
+from rlhfkit.tasks import BREAKDOWNS, DEMO_DATA_DIR, REWARD_FUNCTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +94,9 @@ class EvalConfig:
     """Where the results are written."""
     device: str | None = None
     """torch device; None = CUDA when available, else CPU."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """'bf16': every model pass (sampling, KL, scores) under bf16 autocast, as the training
+    stages' option; 'no' keeps fp32, whose numbers do not depend on the kernels' bf16 paths."""
 
     def __post_init__(self) -> None:
         require(
@@ -107,6 +112,7 @@ class EvalConfig:
             value = getattr(self, name)
             require(self, name, value is None or value >= 1, "None or an integer >= 1")
         require(self, "temperature", self.temperature > 0, "a number > 0")
+        _check_literals(self)
         require(self, "best_of_n", all(n >= 1 for n in self.best_of_n), "integers >= 1")
 
 
@@ -148,7 +154,8 @@ class _Setup:
     sampling: SamplingConfig
     reward_model: RewardModelScorer | None
     reference: nn.Module
-    common: dict[str, Any]  # reward, gold, seed, batch_size for evaluate_policy
+    runtime: Runtime
+    common: dict[str, Any]  # reward, gold, seed, batch_size, runtime for evaluate_policy
 
     @classmethod
     def load(cls, config: EvalConfig) -> _Setup:
@@ -163,15 +170,18 @@ class _Setup:
         rm = None
         if config.reward_model is not None:
             rm = load_reward_scorer(config.reward_model, tokenizer).to(device)
+        bf16 = config.mixed_precision == "bf16"
+        runtime = Runtime(device=device, bf16=bf16, attention=None, side_by_side=False)
         common = {
             "reward": rm,
             "gold": gold_scorer(config.task),
             "seed": config.seed,
             "batch_size": config.batch_size,
+            "runtime": runtime,
         }
         sampling = SamplingConfig(config.max_new_tokens, config.temperature)
         reference = _load_lm(config.reference, tokenizer, device)
-        return cls(tokenizer, prompts, sampling, rm, reference, common)
+        return cls(tokenizer, prompts, sampling, rm, reference, runtime, common)
 
     def run(self, model: nn.Module) -> PolicySamples:
         """Samples of ``model`` on the prompts, scored, with their KL to the reference."""
@@ -199,8 +209,15 @@ def evaluate(config: EvalConfig) -> list[dict]:
     _check_sources(config)
     comparisons = _load_comparisons(config)
     setup = _Setup.load(config)
+    with setup.runtime.autocast():
+        return _evaluate_all(config, setup, comparisons)
+
+
+def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -> list[dict]:
     named = _evaluate_models(config, setup)
     baseline = named.pop(None)
+    breakdown = BREAKDOWNS.get(config.task)
+    parts = pass_rates(named, breakdown) if breakdown is not None else None
     size = len(setup.prompts)
     table = [
         {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": size}
@@ -231,6 +248,7 @@ def evaluate(config: EvalConfig) -> list[dict]:
         "rows": table,
         "best_of_n": curve,
         "reward_model": accuracy,
+        "pass_rates": parts,
         "samples": side_by_side(named, config.num_samples),
         "config": dataclasses.asdict(config),
     }

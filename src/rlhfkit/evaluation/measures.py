@@ -17,6 +17,10 @@ What is measured follows the papers whose pictures it reproduces:
 - Win rate against the SFT model, paired by prompt (InstructGPT's preference against a
   baseline): a win counts 1, a tie 1/2.
 - Diversity: corpus distinct-1/2 (Li et al. 2016) via ``tasks.distinct_n``.
+- Where a task's gold score is made of checkable parts (the constraint kinds of the
+  instructions task, as IFEval's per-instruction accuracy, Zhou et al. 2023), the share of
+  each model's responses meeting each part, among the prompts that ask for it, and pooled over
+  the parts held out of training and over the rest (``pass_rates``).
 
 Every model samples with the same seed and the same prompts, so two runs of the same model
 give the same numbers. Sampling is at the training temperature (1 by default) without top-k /
@@ -46,7 +50,8 @@ from rlhfkit.models.loading import model_device
 from rlhfkit.models.lora import reference_mode
 from rlhfkit.models.passes import response_logprobs, sequence_inputs
 from rlhfkit.ops.masks import masked_sum
-from rlhfkit.tasks import REWARD_FUNCTIONS, distinct_n
+from rlhfkit.runtime.machine import Runtime
+from rlhfkit.tasks import REWARD_FUNCTIONS, Breakdown, distinct_n
 
 
 # --------------------------------------------------------------------------- pure metrics
@@ -182,10 +187,12 @@ def evaluate_policy(
     gold: Scorer | None,
     seed: int,
     batch_size: int,
+    runtime: Runtime | None = None,
 ) -> PolicySamples:
-    """Sample from ``policy`` on ``prompts`` and score the samples (see ``evaluate_samples``)."""
+    """Sample from ``policy`` on ``prompts`` and score the samples (see ``evaluate_samples``);
+    ``runtime``: the precision of the sampling (fp32 when None), as ``sample_responses``."""
     batches = sample_responses(
-        policy, tokenizer, prompts, sampling, seed=seed, batch_size=batch_size
+        policy, tokenizer, prompts, sampling, seed=seed, batch_size=batch_size, runtime=runtime
     )
     return evaluate_samples(
         batches,
@@ -209,13 +216,21 @@ def best_of_n_curve(
     gold: Scorer | None,
     seed: int,
     batch_size: int,
+    runtime: Runtime | None = None,
 ) -> tuple[list[dict], PolicySamples]:
     """Best-of-n of ``sampler`` picked by ``reward``, from one pool of max(ns) samples per
     prompt: the curve (one dict per n: n, analytic KL, expected reward and gold) and the
     picks at the largest n (one per prompt, with the analytic KL) for the results table."""
     pool = max(ns)
     batches = sample_responses(
-        sampler, tokenizer, prompts, sampling, seed=seed, batch_size=batch_size, repeat=pool
+        sampler,
+        tokenizer,
+        prompts,
+        sampling,
+        seed=seed,
+        batch_size=batch_size,
+        repeat=pool,
+        runtime=runtime,
     )
     scored = evaluate_samples(batches, reward=reward, gold=gold)
     proxy = scored.reward.view(len(prompts), pool)  # (P, N)
@@ -304,6 +319,36 @@ def _prompt_text(prompt: Any) -> str:
 def gold_scorer(task: str | None) -> Scorer | None:
     """The gold judge of a built-in task as a scorer (None for no task)."""
     return None if task is None else FunctionScorer(REWARD_FUNCTIONS[task], name=f"gold:{task}")
+
+
+def pass_rates(named: dict[str, PolicySamples], breakdown: Breakdown) -> list[dict]:
+    """One row per part of the gold score (training parts first, then held-out ones), then the
+    training and the held-out parts pooled: ``asked``, how many prompts ask for it, and per
+    model the share of its responses that meet it (every model answered the same prompts)."""
+    counts: dict[str, dict[str, list[int]]] = {}  # part -> model -> [met, asked]
+    for name, samples in named.items():
+        for prompt, response in zip(samples.prompts, samples.responses, strict=True):
+            for part, met in breakdown.parts(prompt, response).items():
+                tally = counts.setdefault(part, {}).setdefault(name, [0, 0])
+                tally[0] += int(met)
+                tally[1] += 1
+
+    def row(label: str, held_out: bool, parts: list[str]) -> dict:
+        out: dict[str, Any] = {"part": label, "held_out": held_out}
+        for name in named:
+            met = sum(counts[p][name][0] for p in parts)
+            asked = sum(counts[p][name][1] for p in parts)
+            out["asked"] = asked
+            out[name] = met / asked
+        return out
+
+    ordered = sorted(counts, key=lambda p: (p in breakdown.held_out, p))
+    rows = [row(p, p in breakdown.held_out, [p]) for p in ordered]
+    for held_out, label in ((False, "all training parts"), (True, "all held-out parts")):
+        parts = [p for p in ordered if (p in breakdown.held_out) == held_out]
+        if parts:
+            rows.append(row(label, held_out, parts))
+    return rows
 
 
 def side_by_side(named: dict[str, PolicySamples], count: int) -> list[dict]:

@@ -55,6 +55,12 @@ STAGE_KEYS = {
         "train/policy/clipfrac",
     ),
     "dpo": ("train/loss", "train/accuracy", "train/margin", "eval/accuracy"),
+    "grpo": (
+        "train/score/mean",
+        "train/kl/ref",
+        "train/policy/entropy",
+        "train/response/length",
+    ),
 }
 
 
@@ -197,6 +203,24 @@ def _reward_model_lines(accuracy: Mapping[str, float] | None) -> list[str]:
             f"{accuracy['label_gold_agreement']:.3f} (simulated labeller noise)",
         ]
     return lines
+
+
+def _pass_rate_lines(rows: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """Per part of the gold score, the share of each model's responses that meet it."""
+    if not rows:
+        return []
+    models = [k for k in rows[0] if k not in ("part", "held_out", "asked")]
+    cells = [{**r, "held_out": "yes" if r["held_out"] else ""} for r in rows]
+    return [
+        "## Pass rate per part of the gold score",
+        "",
+        format_table(cells, ["part", "held_out", "asked", *models]),
+        "",
+        "Each part (a constraint kind) counts the prompts that ask for it (`asked`) and the "
+        "share of each model's responses that meet it. `held_out`: the part never appears in "
+        "the training prompts, so its row measures generalisation to an unseen kind.",
+        "",
+    ]
 
 
 def _timing_table(timings: Mapping[str, Mapping[str, Any]]) -> str:
@@ -379,6 +403,7 @@ def write_report(
     run_dir = Path(run_dir)
     lines = [
         *_results_lines(result, title),
+        *_pass_rate_lines(result.get("pass_rates")),
         *_overoptimization_lines(result, ppo_points, run_dir),
         *(_rounds_lines(rounds, run_dir) if len(rounds) > 1 else []),
         *_curves_lines(stage_dirs, run_dir),

@@ -33,6 +33,7 @@ from rlhfkit.experience.rollout import ExperienceMaker
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import ScoreInput, Scorer
 from rlhfkit.models.loading import freeze, load_causal_lm, load_tokenizer
+from rlhfkit.runtime.machine import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +86,16 @@ def sample_responses(
     seed: int,
     batch_size: int,
     repeat: int = 1,
+    runtime: Runtime | None = None,
 ) -> list[ScoreInput]:
     """Sample ``repeat`` responses per prompt (rows prompt-major: prompt 0's, then 1's...).
 
     One seeded generator for the whole call, so the same model, prompts and settings always
-    give the same samples, drawn as PPO and GRPO draw theirs (``ExperienceMaker.sample``).
+    give the same samples, drawn as PPO and GRPO draw theirs (``ExperienceMaker.sample``), in
+    fp32 on the model's device unless ``runtime`` says otherwise (bf16 autocast).
     Returns the batches as ``ScoreInput``s, ready for any scorer.
     """
-    maker = ExperienceMaker.sampler(model, tokenizer, sampling)
+    maker = ExperienceMaker.sampler(model, tokenizer, sampling, runtime)
     device = maker.runtime.device
     generator = torch.Generator(device).manual_seed(seed)
     rows = [p for p in prompts for _ in range(repeat)]

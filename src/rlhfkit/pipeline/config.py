@@ -24,6 +24,7 @@ from rlhfkit.config import (
 from rlhfkit.evaluation.evaluate import EvalConfig
 from rlhfkit.tasks import BASE_MODEL_DIR, DEMO_DATA_DIR, REWARD_FUNCTIONS
 from rlhfkit.trainers.dpo_config import DPOConfig
+from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.ppo_config import PPOConfig
 
 
@@ -99,6 +100,11 @@ class PipelineConfig:
     """`PPOConfig` fields (`rlhfkit ppo --help`)."""
     dpo: dict[str, Any] = field(default_factory=dict)
     """`DPOConfig` fields (`rlhfkit dpo --help`)."""
+    grpo: dict[str, Any] | None = None
+    """`GRPOConfig` fields (`rlhfkit grpo --help`) of a GRPO arm from the SFT model, trained on
+    the task's gold judge as its reward function unless `reward_functions` says otherwise:
+    reinforcement learning from a verifiable reward (RLVR) beside RLHF. Its evaluation's gold
+    score is then its own training reward, not an independent judge. None = no GRPO arm."""
     eval: dict[str, Any] = field(default_factory=dict)
     """`EvalConfig` fields (`rlhfkit eval --help`)."""
 
@@ -118,6 +124,13 @@ class PipelineConfig:
             require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         require(self, "responses_per_prompt", self.responses_per_prompt >= 2, "an integer >= 2")
         require(self, "round_heldout", 0 <= self.round_heldout < 1, "a share in [0, 1)")
+        require(
+            self,
+            "grpo",
+            self.grpo is None or self.task is not None or "reward_functions" in self.grpo,
+            "None, or its reward_functions given, when `task` is None (its default reward is "
+            "the task's gold judge)",
+        )
         tau = self.labeller_tau
         require(self, "labeller_tau", tau is None or tau > 0, "None or a number > 0")
         require(
@@ -147,6 +160,8 @@ class Stages:
     eval: EvalConfig
     rounds: list[RoundStages] = field(default_factory=list)
     """Rounds 2.. of iterated RLHF (``PipelineConfig.rounds``); round 1 is reward and ppo."""
+    grpo: GRPOConfig | None = None
+    """The GRPO arm (``PipelineConfig.grpo``), None without one."""
 
 
 @dataclass
@@ -228,9 +243,28 @@ def stage_configs(config: PipelineConfig) -> Stages:
         eval_data=comparisons,
         **split,
     )
+    grpo = _grpo_config(config, sft_final, split)
     rounds = _round_stages(config, sft, reward, ppo)
-    ev = _eval_config(config, base, sft, reward, ppo, dpo, rounds)
-    return Stages(sft, reward, ppo, dpo, ev, rounds)
+    ev = _eval_config(config, base, sft, reward, ppo, dpo, grpo, rounds)
+    return Stages(sft, reward, ppo, dpo, ev, rounds, grpo)
+
+
+def _grpo_config(config: PipelineConfig, sft_final: str, split: dict) -> GRPOConfig | None:
+    """The GRPO arm: from the SFT model, on the task's gold judge, on PPO's prompts."""
+    if config.grpo is None:
+        return None
+    return _build(
+        GRPOConfig,
+        "grpo",
+        config.grpo,
+        model=sft_final,
+        output_dir=str(config.run_dir / "grpo"),
+        reward_model=None,
+        reward_functions=[config.task] if config.task else [],
+        train_data=config.data("prompts"),
+        eval_data=config.data("prompts"),
+        **split,
+    )
 
 
 def _round_stages(
@@ -286,12 +320,15 @@ def _eval_config(
     reward: RewardConfig,
     ppo: PPOConfig,
     dpo: DPOConfig,
+    grpo: GRPOConfig | None,
     rounds: list[RoundStages],
 ) -> EvalConfig:
     """The evaluation of every model the pipeline trained, sampled as PPO sampled (the
     policies of rounds >= 2 as `ppo_round<r>`)."""
     sft_final = str(sft.final_dir)
     models = {"base": base, "sft": sft_final, "ppo": str(ppo.final_dir), "dpo": str(dpo.final_dir)}
+    if grpo is not None:
+        models["grpo"] = str(grpo.final_dir)
     models.update({f"ppo_round{r.number}": str(r.ppo.final_dir) for r in rounds})
     return _build(
         EvalConfig,

@@ -81,6 +81,12 @@ def run_dpo_stage(config: PipelineConfig, stages: Stages) -> None:
     run_dpo(stages.dpo)
 
 
+def run_grpo_stage(config: PipelineConfig, stages: Stages) -> None:
+    from rlhfkit.trainers.grpo import run_grpo
+
+    run_grpo(stages.grpo)
+
+
 def run_ppo_stage(config: PipelineConfig, stages: Stages) -> None:
     """PPO in slices of ``ppo_eval_every`` iterations, one evaluation point after each."""
     train_ppo(
@@ -100,7 +106,8 @@ def run_eval_stage(config: PipelineConfig, stages: Stages) -> None:
 def _trained(stages: Stages) -> list:
     """The configs of every model the evaluation reads."""
     rounds = [c for r in stages.rounds for c in (r.reward, r.ppo)]
-    return [stages.sft, stages.reward, stages.ppo, stages.dpo, *rounds]
+    arms = [stages.grpo] if stages.grpo is not None else []
+    return [stages.sft, stages.reward, stages.ppo, stages.dpo, *arms, *rounds]
 
 
 def eval_is_current(stages: Stages) -> bool:
@@ -127,12 +134,14 @@ RUNNERS: dict[str, Callable[[PipelineConfig, Stages], None]] = {
     "reward": run_reward_stage,
     "ppo": run_ppo_stage,
     "dpo": run_dpo_stage,
+    "grpo": run_grpo_stage,
     "eval": run_eval_stage,
 }
 
 
 def pipeline_steps(config: PipelineConfig, stages: Stages, plan: RoundPlan | None) -> list[Step]:
-    """The stages in order: SFT, reward, PPO, DPO, the rounds >= 2 (``rounds.py``), eval."""
+    """The stages in order: SFT, reward, PPO, DPO, GRPO where asked, the rounds >= 2
+    (``rounds.py``), eval."""
 
     def stage(name: str) -> Step:
         return Step(
@@ -142,7 +151,8 @@ def pipeline_steps(config: PipelineConfig, stages: Stages, plan: RoundPlan | Non
         )
 
     rounds = round_steps(config, stages, plan) if plan is not None else []
-    return [*map(stage, ("sft", "reward", "ppo", "dpo")), *rounds, stage("eval")]
+    arms = ("sft", "reward", "ppo", "dpo") + (("grpo",) if stages.grpo is not None else ())
+    return [*map(stage, arms), *rounds, stage("eval")]
 
 
 # --------------------------------------------------------------------------- the run
@@ -180,6 +190,8 @@ def _write_report(config: PipelineConfig, stages: Stages, timings: dict, started
     run_dir = config.run_dir
     result = load_eval(stages.eval.output)
     stage_dirs = {s: getattr(stages, s).output_dir for s in TRAINING_STAGES}
+    if stages.grpo is not None:
+        stage_dirs["grpo"] = stages.grpo.output_dir
     report_started = time.perf_counter()
     report = write_report(
         run_dir,

@@ -1,5 +1,6 @@
 """Built-in tasks of the embedded default: the gold judge of "continue the text, positively",
-the seed's "digits" reward, a diversity metric, and the paths of the bundled assets.
+the seed's "digits" reward, the checkable instructions, a diversity metric, and the paths of
+the bundled assets.
 
 The sentiment task follows OpenAI's lm-human-preferences (Ziegler et al. 2019, "Fine-Tuning
 Language Models from Human Preferences", the "sentiment" task) and TRL's IMDB example: a prompt
@@ -33,6 +34,14 @@ as words, so the base model's samples rarely contain a digit but far more often 
 (counts: docs/grpo.md, "Why the digits reward counts number words"); counting words gives the
 learner a signal to start from. Degenerate "411 411 355 355 ..." or "ten ten two ten" text
 maximises it; that is the point of the experiment (the KL penalty is what should stop it).
+
+The instructions task ("instructions with checkable constraints", ``tasks/instructions.py``)
+follows IFEval (Zhou et al. 2023, "Instruction-Following Evaluation for Large Language Models")
+and the verifiable rewards of Tulu 3's RLVR (Lambert et al. 2024): a prompt is a task sentence
+plus one or two constraints a program can check ("in under 25 words", "all in lowercase"), and
+the reward is the share of the constraints met, zeroed by a guard against empty, echoed,
+repetitive or off-topic answers. Its prompts are in ``assets/data/instructions`` (see
+``scripts/make_instruction_prompts.py``).
 """
 
 from __future__ import annotations
@@ -40,15 +49,19 @@ from __future__ import annotations
 import functools
 import lzma
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+from rlhfkit.tasks import instructions
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 BASE_MODEL_DIR = ASSETS_DIR / "base"
 CORPUS_DIR = ASSETS_DIR / "corpus"
 DEMO_DATA_DIR = ASSETS_DIR / "data" / "demo"
+INSTRUCTIONS_DATA_DIR = ASSETS_DIR / "data" / "instructions"
 
 WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")  # keep in sync with scripts/build_corpus.py
 NUMBER = re.compile(r"\d+")
@@ -166,4 +179,23 @@ def digits_reward(prompts: Sequence[str], responses: Sequence[str]) -> list[floa
     return [digits_score(r) for r in responses]
 
 
-REWARD_FUNCTIONS = {"sentiment": gold_reward, "digits": digits_reward}
+REWARD_FUNCTIONS = {
+    "sentiment": gold_reward,
+    "digits": digits_reward,
+    "instructions": instructions.instructions_reward,
+}
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """How a task's gold score splits into parts that an evaluation reports one by one."""
+
+    parts: Callable[[str, str], dict[str, bool]]
+    """(prompt, response) -> whether the response meets each part the prompt asks for."""
+    held_out: frozenset[str] = frozenset()
+    """Parts that never appear in the training prompts."""
+
+
+BREAKDOWNS = {
+    "instructions": Breakdown(instructions.passed_constraints, instructions.HELDOUT_KINDS),
+}

@@ -1,0 +1,366 @@
+"""The instructions task: each constraint's check, the parser of every phrasing, the guard, the
+reward by name, and the prompt generator (scripts/make_instruction_prompts.py)."""
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlhfkit import tasks
+from rlhfkit.data import PromptRecord, load_records
+from rlhfkit.experience.scorer_loading import reward_function_scorer
+from rlhfkit.experience.scorers import ScoreError, ScoreInput
+from rlhfkit.tasks.instructions import (
+    HELDOUT_KINDS,
+    KINDS,
+    TOPICS,
+    TRAINING_KINDS,
+    Constraint,
+    constraint_results,
+    guard_reason,
+    instruction_score,
+    instructions_reward,
+    parse_constraints,
+    phrase,
+    sentences,
+    stem,
+    topics_in,
+    words,
+)
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_instruction_prompts.py"
+CHAT = (
+    "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face\nuser\n"
+    "{}\nassistant\n"
+)
+
+
+@pytest.fixture(scope="module")
+def generator():
+    spec = importlib.util.spec_from_file_location("make_instruction_prompts", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ------------------------------------------------------------------------------ the checks
+
+WELL_KNOWN = "It's a well-known, rainy day."  # 5 words: "It's", "well-known" are one each
+
+CHECKS = [
+    # (kind, n, word, response, met)
+    ("max_words", 5, None, WELL_KNOWN, True),
+    ("max_words", 5, None, "It's a very well-known, rainy day.", False),
+    ("max_words", 2, None, "Rain -- rain !!", True),  # punctuation alone is no word
+    ("min_words", 5, None, WELL_KNOWN, True),
+    ("min_words", 5, None, "Rain, rain, go away!", False),
+    ("sentences", 2, None, "Rain fell all night. The streets shone!", True),
+    ("sentences", 2, None, "Dr. Smith walked home. It rained on fruit, e.g. on pears.", True),
+    ("sentences", 2, None, 'He said "Stay." Then he left.', True),
+    ("sentences", 2, None, "The tea cost 3.5 pounds. That is cheap.", True),
+    ("sentences", 2, None, "Sunrise\nThe sky turns orange.", True),  # a line is a sentence
+    ("sentences", 2, None, "It rained. Then it stopped. Then the sun came out.", False),
+    ("sentences", 2, None, "Well... maybe. Or not.", False),  # an ellipsis ends one
+    ("paragraphs", 2, None, "Rain fell.\n\nThe sun came out.", True),
+    ("paragraphs", 2, None, "Rain fell.\n  \nThe sun came out.\n\n\n", True),
+    ("paragraphs", 2, None, "Rain fell.\nThe sun came out.", False),
+    ("paragraphs", 2, None, "One.\n\nTwo.\n\nThree.", False),
+    ("bullets", 3, None, "- apples\n* pears\n• plums", True),
+    ("bullets", 3, None, "Here are three:\n  - apples\n  - pears\n  - plums", True),
+    ("bullets", 3, None, "1. apples\n2. pears\n3. plums", False),  # numbers are no bullets
+    ("bullets", 3, None, "-apples\n- pears\n- plums", False),  # a marker needs a space
+    ("bullets", 2, None, "**Fruit**\n- apples\n- pears", True),  # bold is no bullet
+    ("bullets", 3, None, "- apples\n- pears\n- ", False),  # an item needs a word
+    ("numbered", 2, None, "1. Apples are sweet.\n2) Pears are soft.", True),
+    ("numbered", 2, None, "- Apples are sweet.\n- Pears are soft.", False),
+    ("numbered", 2, None, "1. Apples\n2. Pears\n3. Plums", False),
+    ("lowercase", None, None, "it's 5 o'clock, time for tea!", True),
+    ("lowercase", None, None, "It's time for tea.", False),
+    ("lowercase", None, None, "123 !!", False),  # no letters, so no lowercase
+    ("uppercase", None, None, "RAIN FALLS AT 5 AM, AGAIN!", True),
+    ("uppercase", None, None, "RAIN FALLS at 5 AM.", False),
+    ("uppercase", None, None, "42", False),
+    ("no_commas", None, None, "Apples and pears and plums.", True),
+    ("no_commas", None, None, "Apples, pears.", False),
+    ("start_word", None, "today", '"Today, the sun shines."', True),
+    ("start_word", None, "today", "today's weather is fine", True),  # a possessive counts
+    ("start_word", None, "today", "Yesterday it rained today.", False),
+    ("end_word", None, "books", "I love my books.", True),
+    ("end_word", None, "books", "It is all about 'Books'!\"", True),
+    ("end_word", None, "books", "I love books so much.", False),
+    ("end_word", None, "books", "My favourite shop sells booksellers.", False),
+    ("keyword", 2, "river", "The river is wide. The river's bank is steep.", True),
+    ("keyword", 2, "river", "River, RIVER!", True),
+    ("keyword", 1, "river", "The riverbank and the rivers.", False),  # whole words only
+    ("keyword", 3, "river", "The river and the river.", False),
+    ("forbidden_word", None, "river", "The stream is calm by the riverbank.", True),
+    ("forbidden_word", None, "river", "The River is calm.", False),
+    ("quotes", None, None, '"Rain falls."', True),
+    ("quotes", None, None, "  “Rain falls.”  \n", True),
+    ("quotes", None, None, '"Rain" falls.', False),
+    ("quotes", None, None, '""', False),
+    ("title", None, None, "<<Rainy Days>>\nRain falls.", True),
+    ("title", None, None, "<< >> Rain falls.", False),
+    ("title", None, None, "<Rainy Days> Rain falls.", False),
+    ("postscript", None, None, "Rain falls.\n\nP.S. Bring an umbrella.", True),
+    ("postscript", None, None, "rain falls.\np.s. bring an umbrella.", True),
+    ("postscript", None, None, "Rain falls. P.S. bring an umbrella.", False),  # not a line
+    ("postscript", None, None, "Rain falls.\nP.S.", False),  # nothing after it
+]
+
+
+@pytest.mark.parametrize(("kind", "n", "word", "response", "met"), CHECKS)
+def test_each_check_on_met_and_missed_responses(kind, n, word, response, met):
+    assert Constraint(kind, n, word).met(response) is met
+
+
+def test_every_kind_has_a_response_that_meets_it_and_one_that_misses_it():
+    outcomes = {(kind, met) for kind, _, _, _, met in CHECKS}
+    assert outcomes == {(kind, met) for kind in KINDS for met in (True, False)}
+
+
+def test_words_and_sentences():
+    assert words(WELL_KNOWN) == ["it's", "a", "well-known", "rainy", "day"]
+    assert words("Don’t stop -- 42 times!") == ["don't", "stop", "42", "times"]
+    assert sentences("Mr. Darcy smiled. Mrs. Bennet, i.e. his aunt, did not!") == [
+        "Mr. Darcy smiled.",
+        "Mrs. Bennet, i.e. his aunt, did not!",
+    ]
+
+
+def test_kinds_held_out_and_trained_partition_the_kinds():
+    assert len(TRAINING_KINDS) >= 12 and len(HELDOUT_KINDS) >= 3
+    assert set(TRAINING_KINDS) | HELDOUT_KINDS == set(KINDS)
+    assert not set(TRAINING_KINDS) & HELDOUT_KINDS
+
+
+# ----------------------------------------------------------------------------------- parsing
+
+
+def example(kind: str, phrasing: str) -> Constraint:
+    """A constraint with the parameters ``phrasing`` states."""
+    has_number = re.search(r"\{(n|below|count|times)\}", phrasing)
+    numbers = {"{count}": 3, "{times}": 2}
+    n = next((v for slot, v in numbers.items() if slot in phrasing), 24) if has_number else None
+    return Constraint(kind, n, "river" if "{word}" in phrasing else None)
+
+
+PHRASINGS = [(kind.name, p) for kind in KINDS.values() for p in kind.phrasings]
+
+
+@pytest.mark.parametrize(("kind", "phrasing"), PHRASINGS)
+def test_every_phrasing_parses_back_to_its_kind_and_parameters(kind, phrasing):
+    constraint = example(kind, phrasing)
+    text = phrase(phrasing, constraint)
+    if phrasing[0].isupper():  # a sentence follows the task sentence
+        stated = f"Describe a river. {text}"
+    else:  # a fragment joins it, after a comma or a space
+        stated = f"Describe a river{'' if text.startswith(',') else ' '}{text}."
+    for prompt in (stated, CHAT.format(stated), stated.upper(), stated.replace(" ", "\n  ")):
+        assert parse_constraints(prompt) == [constraint], prompt
+
+
+def test_numbers_as_digits_or_words_and_the_bound_of_under():
+    assert parse_constraints("Describe a rainy morning in under 25 words.") == [
+        Constraint("max_words", 24)
+    ]
+    assert parse_constraints("Use no more than 25 words.") == [Constraint("max_words", 25)]
+    assert parse_constraints("Reply with exactly 3 sentences.") == [Constraint("sentences", 3)]
+    assert parse_constraints("Use the word “rain” at least 4 times. Answer in all caps.") == [
+        Constraint("keyword", 4, "rain"),
+        Constraint("uppercase"),
+    ]
+
+
+def test_every_kind_has_a_sentence_phrasing():
+    for kind in KINDS.values():
+        assert any(p[0].isupper() for p in kind.phrasings), kind.name
+
+
+def test_a_prompt_without_a_constraint_raises_naming_it():
+    with pytest.raises(ValueError, match="'Tell me a joke.' states no constraint"):
+        instruction_score("Tell me a joke.", "Why did the chicken cross the road?")
+    assert constraint_results("Tell me a joke.", "ok") == {}
+
+
+# ------------------------------------------------------------------------------------ guard
+
+RIVER = "Describe a river in under 25 words."
+
+
+@pytest.mark.parametrize(
+    ("response", "reason"),
+    [
+        ("", "empty"),
+        ("  \n\t", "empty"),
+        ("!!! ...", "empty"),
+        ("A river.", "too short"),
+        ("Describe a river in under 25 words.", "echo"),
+        ("describe a river in under 25 words please", "echo"),
+        ("You are a helpful AI assistant named SmolLM.", "echo"),  # the chat wrapper, echoed
+        ("river river river river river river", "repetition"),
+        ("The river flows.\nThe river flows.", "repetition"),
+        ("1. A river flows.\n2. A river flows.", "repetition"),
+        ("I like turtles and long walks on sunny afternoons.", "off-topic"),
+        ("The river winds slowly through the green valley.", None),
+        ("Boats drift past the old bridge at dawn.", None),  # related words, not "river"
+    ],
+)
+def test_guard_reasons(response, reason):
+    prompt = CHAT.format(RIVER)
+    assert guard_reason(prompt, response) == reason
+    if reason is not None:
+        assert instruction_score(prompt, response) == 0.0
+
+
+def test_honest_answers_pass_the_guard():
+    honest = {
+        "Name a few fruits, all in lowercase.": "apples, bananas and cherries.",
+        "Describe a rainy morning. Do not use any commas.": "Grey skies and soft drizzle.",
+        "Give some advice about exercise as a bulleted list of 2 items.": (
+            "- Start with short walks.\n- Rest when your muscles ache."
+        ),
+        "Tell me about a cat. Reply with exactly two sentences.": (
+            "My kitten sleeps all day. At night she chases shadows."
+        ),
+        "Write about your weekend. Do not use any commas.": "I read a novel and slept late.",
+    }
+    for prompt, response in honest.items():
+        assert guard_reason(prompt, response) is None, prompt
+        assert instruction_score(prompt, response) == 1.0, prompt
+
+
+def test_a_word_limit_under_three_words_lowers_the_minimum():
+    prompt = "Is a river wet? Answer in at most 2 words."
+    assert guard_reason(prompt, "Flowing water.") is None
+    assert instruction_score(prompt, "Flowing water.") == 1.0
+
+
+def test_off_topic_check_only_for_topics_of_the_table():
+    assert [t.name for t in topics_in(CHAT.format(RIVER))] == ["a river"]
+    assert topics_in("Write about your weekend. Do not use any commas.") == []
+    assert topics_in("Mention the word 'river' at least twice.") == []
+    assert guard_reason("Write about your day in under 20 words.", "I like turtles a lot.") is None
+
+
+def test_stems_match_common_inflections():
+    for group in [("bike", "bikes", "biking"), ("glass", "glasses"), ("river", "rivers")]:
+        assert len({stem(w) for w in group}) == 1, group
+    assert stem("river's") == stem("river")
+    assert stem("riverbank") != stem("river")
+
+
+# ----------------------------------------------------------------------------------- scores
+
+
+def test_score_is_the_share_of_constraints_met():
+    prompt = "Name a few fruits, all in lowercase. Do not use any commas."
+    assert instruction_score(prompt, "apples and pears and plums") == 1.0
+    assert instruction_score(prompt, "apples, pears and plums") == 0.5
+    assert instruction_score(prompt, "Apples, pears and plums") == 0.0
+    assert constraint_results(prompt, "apples, pears and plums") == {
+        "lowercase": True,
+        "no_commas": False,
+    }
+
+
+def test_reward_by_name_through_the_scorer():
+    assert tasks.REWARD_FUNCTIONS["instructions"] is instructions_reward
+    scorer = reward_function_scorer("instructions")
+    prompts = [
+        CHAT.format("Name a few fruits, all in lowercase. Do not use any commas."),
+        CHAT.format("Name a few fruits, all in lowercase. Do not use any commas."),
+        CHAT.format(RIVER),
+    ]
+    responses = ["apples and pears and plums", "apples, pears and plums", "river " * 8]
+    empty = torch.zeros(len(prompts), 1, dtype=torch.long)
+    batch = ScoreInput(prompts, responses, empty, empty, empty, empty)
+    torch.testing.assert_close(scorer(batch), torch.tensor([1.0, 0.5, 0.0]))
+    bad = ScoreInput(["Tell me a joke."], ["No."], empty[:1], empty[:1], empty[:1], empty[:1])
+    with pytest.raises(ScoreError, match="states no constraint.*sample 0"):
+        scorer(bad)
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        instructions_reward(prompts[:2], responses[:1])
+
+
+# --------------------------------------------------------------------------------- generator
+
+
+def read_file(folder: Path, name: str) -> list[dict]:
+    lines = (folder / "prompts" / f"{name}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def generated(generator, tmp_path_factory):
+    """Two runs with the same seed, and the splits of the first."""
+    first, second = tmp_path_factory.mktemp("first"), tmp_path_factory.mktemp("second")
+    generator.main(["--out", str(first), "--seed", "0"])
+    generator.main(["--out", str(second), "--seed", "0"])
+    return first, second, generator.make_splits(0)[0]
+
+
+def test_generator_is_deterministic_and_matches_the_bundled_data(generated):
+    first, second, _ = generated
+    files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(second) for p in second.rglob("*") if p.is_file())
+    for name in files:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    for name in (f for f in files if f.suffix == ".jsonl"):
+        bundled = tasks.INSTRUCTIONS_DATA_DIR / name
+        assert (first / name).read_bytes() == bundled.read_bytes(), f"rerun the script: {name}"
+    # the data made from the prompts later adds its own counts to stats.json
+    made = json.loads((first / "stats.json").read_text())
+    bundled = json.loads((tasks.INSTRUCTIONS_DATA_DIR / "stats.json").read_text())
+    assert {key: bundled.get(key) for key in made} == made
+
+
+def test_splits_are_disjoint_and_keep_held_out_kinds_out_of_training(generator, generated):
+    first, _, splits = generated
+    assert {name: len(records) for name, records in splits.items()} == generator.SIZES
+    texts = {name: {r["prompt"] for r in records} for name, records in splits.items()}
+    assert sum(map(len, texts.values())) == sum(generator.SIZES.values())  # no prompt twice
+    for name in ("train", "test"):
+        assert all(not set(r["constraints"]) & HELDOUT_KINDS for r in splits[name])
+    assert all(set(r["constraints"]) & HELDOUT_KINDS for r in splits["heldout_kinds"])
+    stats = json.loads((first / "stats.json").read_text())
+    assert not set(stats["topics"]["train"]) & set(stats["topics"]["test"])
+    assert {r["topic"] for r in splits["test"]} <= set(stats["topics"]["test"])
+    assert len(stats["topics"]["train"]) + len(stats["topics"]["test"]) == len(TOPICS) >= 60
+
+
+def test_every_generated_prompt_states_exactly_its_constraints(generator, generated):
+    _, _, splits = generated
+    for record in (r for records in splits.values() for r in records):
+        prompt = record["prompt"]
+        assert [c.kind for c in parse_constraints(prompt)] == record["constraints"], prompt
+        assert [t.name for t in topics_in(prompt)] == [record["topic"]], prompt
+        assert 1 <= len(record["constraints"]) <= 2
+        if len(record["constraints"]) == 2:
+            assert generator.compatible(*record["constraints"]), prompt
+
+
+def test_the_test_file_holds_the_held_out_kinds_every_third_record(generated):
+    first, _, splits = generated
+    assert read_file(first, "train") == splits["train"]
+    test = read_file(first, "test")
+    assert len(test) == len(splits["test"]) + len(splits["heldout_kinds"])
+    assert test[:6] == [
+        *splits["test"][:2],
+        splits["heldout_kinds"][0],
+        *splits["test"][2:4],
+        splits["heldout_kinds"][1],
+    ]
+    held = [r for r in test if set(r["constraints"]) & HELDOUT_KINDS]
+    assert held == splits["heldout_kinds"]
+    assert [r for r in test if r not in held] == splits["test"]
+    assert not (first / "prompts" / "heldout_kinds.jsonl").exists()
+
+
+def test_generated_records_load_as_prompts(generated):
+    first, _, splits = generated
+    records = load_records(first / "prompts" / "test.jsonl", "prompts")
+    assert records[0] == PromptRecord(splits["test"][0]["prompt"])

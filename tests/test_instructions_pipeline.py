@@ -1,0 +1,160 @@
+"""The instructions task's pipeline (configs/instructions_smollm2.yaml) end to end on the tiny
+test model and the bundled instructions data: every arm, GRPO included, trains a few steps;
+the evaluation breaks the gold score down per constraint kind; the report shows the responses
+side by side, escaped, and the pass rates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlhfkit import checkpoint as ckpt
+from rlhfkit.config import ConfigError, load_config
+from rlhfkit.evaluation.measures import PolicySamples, pass_rates
+from rlhfkit.evaluation.report import load_eval, write_report
+from rlhfkit.pipeline.config import PipelineConfig, stage_configs
+from rlhfkit.pipeline.run import run_pipeline
+from rlhfkit.tasks import BREAKDOWNS, INSTRUCTIONS_DATA_DIR
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "instructions_smollm2.yaml"
+FEW = {"max_steps": 2, "batch_size": 4, "report_to": ["none"], "log_every": 1}
+SMALL = {
+    "sft": {**FEW, "eval_batch_size": 8, "max_train_samples": 8, "max_eval_samples": 4},
+    "reward": {**FEW, "eval_batch_size": 8, "max_train_samples": 8, "max_eval_samples": 4},
+    "dpo": {**FEW, "eval_batch_size": 8, "max_train_samples": 8, "max_eval_samples": 4},
+    "ppo": {
+        "max_steps": 2,
+        "rollout_batch_size": 4,
+        "batch_size": 4,
+        "ppo_epochs": 1,
+        "max_new_tokens": 8,
+        "report_to": ["none"],
+    },
+    "grpo": {"max_steps": 2, "batch_size": 2, "max_new_tokens": 8, "report_to": ["none"]},
+    "eval": {
+        "max_prompts": 6,
+        "batch_size": 16,
+        "best_of_n": [1, 2],
+        "best_of_n_prompts": 2,
+        "max_comparisons": 8,
+        "num_samples": 3,
+    },
+}
+
+
+def _config(run_dir: Path, model: Path) -> PipelineConfig:
+    full = load_config(PipelineConfig, CONFIG)
+    sections = {k: {**getattr(full, k), **v} for k, v in SMALL.items()}
+    return load_config(
+        PipelineConfig,
+        CONFIG,
+        output_dir=str(run_dir),
+        base_model=str(model),
+        ppo_eval_every=1,
+        ppo_eval_prompts=2,
+        **sections,
+    )
+
+
+def test_config_derives_every_arm_from_the_bundled_data():
+    stages = stage_configs(load_config(PipelineConfig, CONFIG, output_dir="runs/x"))
+    assert stages.grpo is not None
+    assert stages.grpo.reward_functions == ["instructions"] and stages.grpo.reward_model is None
+    assert stages.grpo.model == str(stages.sft.final_dir)
+    assert set(stages.eval.models) == {"base", "sft", "ppo", "dpo", "grpo"}
+    assert stages.eval.task == "instructions" and stages.eval.mixed_precision == "bf16"
+    assert Path(stages.sft.train_data) == INSTRUCTIONS_DATA_DIR / "sft"
+
+
+def test_grpo_arm_needs_a_reward_without_a_task():
+    with pytest.raises(ConfigError, match="PipelineConfig.grpo"):
+        PipelineConfig(task=None, grpo={})
+    assert PipelineConfig(task=None, grpo={"reward_functions": ["digits"]}).grpo
+
+
+@pytest.mark.slow
+def test_pipeline_runs_every_arm_and_reports_pass_rates(tmp_path, tiny_model_dir):
+    config = _config(tmp_path / "run", tiny_model_dir)
+    report = run_pipeline(config)
+    run = config.run_dir
+    for stage in ("sft", "reward", "ppo", "dpo", "grpo"):
+        assert ckpt.is_complete(run / stage), stage
+    result = load_eval(run / "eval.json")
+    assert [r["model"] for r in result["rows"]] == [
+        "base",
+        "sft",
+        "ppo",
+        "dpo",
+        "grpo",
+        "best-of-2",
+    ]
+    for row in result["rows"]:
+        assert 0.0 <= row["gold"] <= 1.0
+    parts = result["pass_rates"]
+    assert parts and parts[-1]["part"].startswith("all ")
+    for row in parts:
+        assert row["asked"] >= 1
+        assert all(0.0 <= row[m] <= 1.0 for m in ("base", "sft", "ppo", "dpo", "grpo"))
+    text = report.read_text()
+    assert "## Pass rate per part of the gold score" in text
+    assert "| grpo |" in text and (run / "plots" / "grpo.png").is_file()
+
+
+def _samples(prompts: list[str], responses: list[str]) -> PolicySamples:
+    return PolicySamples(prompts, responses, torch.ones(len(prompts)))
+
+
+def test_pass_rates_count_each_kind_and_pool_held_out_ones():
+    lower = "Describe a quiet river. Write your entire answer in lowercase letters."
+    quoted = "Describe a quiet river. Put your whole reply inside double quotes."
+    prompts = [lower, lower, quoted]
+    named = {
+        "a": _samples(
+            prompts,
+            ["the river runs slow and wide today.", "The River Runs.", "the river runs deep."],
+        ),
+        "b": _samples(
+            prompts,
+            ["the river is calm and quiet here.", "a calm quiet river.", '"the water is still."'],
+        ),
+    }
+    rows = pass_rates(named, BREAKDOWNS["instructions"])
+    assert [(r["part"], r["held_out"], r["asked"]) for r in rows] == [
+        ("lowercase", False, 2),
+        ("quotes", True, 1),
+        ("all training parts", False, 2),
+        ("all held-out parts", True, 1),
+    ]
+    assert [(r["a"], r["b"]) for r in rows] == [(0.5, 1.0), (0.0, 1.0), (0.5, 1.0), (0.0, 1.0)]
+
+
+def test_a_guarded_response_misses_every_kind():
+    prompt = "Describe a quiet river. Do not use any commas."
+    assert BREAKDOWNS["instructions"].parts(prompt, "") == {"no_commas": False}
+    assert BREAKDOWNS["instructions"].parts(prompt, "the river flows on and on.") == {
+        "no_commas": True
+    }
+
+
+def test_report_escapes_constraint_text_in_the_side_by_side(tmp_path):
+    hostile = "<<title>> <script>alert(1)</script> | end"
+    result = {
+        "rows": [{"model": "sft", "gold": 0.5}],
+        "samples": [
+            {
+                "prompt": "Give a title in <<double brackets>>.",
+                "responses": {"sft": {"text": hostile, "gold": 1.0}},
+            }
+        ],
+        "pass_rates": [
+            {"part": "title", "held_out": True, "asked": 1, "sft": 1.0},
+            {"part": "all held-out parts", "held_out": True, "asked": 1, "sft": 1.0},
+        ],
+        "config": {},
+    }
+    text = write_report(tmp_path, result, {}).read_text()
+    assert "<script>" not in text and "<<title>>" not in text
+    assert "\\| end" in text
+    assert "| title | yes | 1 | 1.000 |" in text
