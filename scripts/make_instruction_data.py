@@ -84,6 +84,7 @@ def sample_sets(model, tokenizer, prompts: list[str], n: int, args, seed: int) -
     ids, _ = encode_prompts(records, tokenizer, args.max_prompt_length)
     sampling = SamplingConfig(args.max_new_tokens, args.temperature)
     runtime = Runtime(device=torch.device("cpu"), bf16=True, attention="sdpa", side_by_side=False)
+    runtime.start()  # freed memory kept for the next step: no page faults on every token
     batches = sample_responses(
         model,
         tokenizer,

@@ -60,7 +60,8 @@ class EvalConfig:
     reward_model: str | None = "runs/rm/final"
     """Reward model directory (the proxy score); None skips reward and best-of-n."""
     task: str | None = "sentiment"
-    """Gold judge from ``rlhfkit.tasks.REWARD_FUNCTIONS`` ('sentiment', 'digits'); None = none."""
+    """Gold judge from ``rlhfkit.tasks.REWARD_FUNCTIONS`` ('sentiment', 'digits',
+    'instructions'); None = none."""
     prompts: str = str(DEMO_DATA_DIR / "prompts")
     """Held-out prompts (any record kind with a prompt); default: the bundled demo prompts."""
     split: str = "test"
@@ -172,6 +173,7 @@ class _Setup:
             rm = load_reward_scorer(config.reward_model, tokenizer).to(device)
         bf16 = config.mixed_precision == "bf16"
         runtime = Runtime(device=device, bf16=bf16, attention=None, side_by_side=False)
+        runtime.start()
         common = {
             "reward": rm,
             "gold": gold_scorer(config.task),

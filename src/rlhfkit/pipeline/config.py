@@ -44,7 +44,8 @@ class PipelineConfig:
     """Folder of `data_dir` the reward model trains on: 'comparisons' (pairs) or 'rankings'
     (K responses best first, InstructGPT's format); DPO always uses the comparisons."""
     task: str | None = "sentiment"
-    """Gold judge of the evaluation ('sentiment', 'digits'); None when the task has none."""
+    """Gold judge of the evaluation ('sentiment', 'digits', 'instructions'); None when the
+    task has none."""
     seed: int = 42
     """Seed of every stage (a stage's own `seed` overrides it)."""
     ppo_eval_every: int = 0
