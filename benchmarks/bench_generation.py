@@ -42,6 +42,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, StaticCache
 
 from rlhfkit.data import pad
 from rlhfkit.experience.generation import SamplingConfig, generate
+from rlhfkit.runtime.decoding import cache_name
 
 
 def _sync(device: torch.device) -> None:
@@ -60,6 +61,7 @@ class BareLoop:
 
     def __init__(self, model, query, query_mask, new_tokens: int, temperature: float):
         self.model, self.new_tokens, self.temperature = model, new_tokens, temperature
+        self.cache_name = cache_name(model)  # `cache` from transformers 5.24
         self.query, self.query_mask = query, query_mask
 
     def _mask(self):
@@ -75,8 +77,8 @@ class BareLoop:
             input_ids=self.token,
             attention_mask=self.visible,
             position_ids=self.position,
-            past_key_values=self.cache,
             use_cache=True,
+            **{self.cache_name: self.cache},
         ).logits[:, -1]
         probs = (logits.float() / self.temperature).softmax(-1)
         # Exponential race (the Gumbel-max trick): a categorical draw without a host sync.
@@ -104,8 +106,8 @@ class BareLoop:
             input_ids=query,
             attention_mask=prefill_mask,
             position_ids=positions,
-            past_key_values=self.cache,
             use_cache=True,
+            **{self.cache_name: self.cache},
             logits_to_keep=1,
         ).logits[:, -1]
         self.token = torch.multinomial((logits.float() / self.temperature).softmax(-1), 1)

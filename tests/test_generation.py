@@ -1,5 +1,6 @@
 """Sampling with a KV cache: EOS handling, masks, left padding, filtering, reproducibility."""
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -8,7 +9,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from rlhfkit.data import pad
 from rlhfkit.experience.generation import SamplingConfig, filter_logits, generate, sample_next_token
-from rlhfkit.runtime.decoding import static_cache_supported
+from rlhfkit.runtime.decoding import cache_name, static_cache_supported
 from rlhfkit.runtime.packing import enable_packing
 
 EOS, PAD, VOCAB = 0, 1, 8
@@ -201,6 +202,24 @@ def test_the_static_cache_decodes_what_the_dynamic_cache_does(build, attention, 
             )
             responses.append(out.response)
         assert torch.equal(*responses), greedy
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_decoding_uses_the_current_cache_api(build, cache, caplog):
+    """No deprecated name for the KV cache, neither passed (a FutureWarning, an error under
+    the suite's filters) nor read from the output (a transformers log line, once a process)."""
+    logging.Logger.warning_once.cache_clear()
+    query, query_mask = pad([[5, 6, 7], [8]], PAD, side="left")
+    config = SamplingConfig(4, greedy=True, cache_implementation=cache)
+    with caplog.at_level(logging.WARNING):
+        generate(build("eager"), query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD)
+    assert "deprecated" not in caplog.text
+
+
+def test_a_model_that_takes_past_key_values_gets_it():
+    """A model of a release before transformers 5.24, or remote code, keeps the old name."""
+    assert cache_name(ScriptedLM([[2]])) == "past_key_values"
 
 
 @pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])

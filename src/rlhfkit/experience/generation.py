@@ -131,7 +131,8 @@ def generate(
 
     Args:
         model: a Hugging Face causal LM (anything that takes ``input_ids``, ``attention_mask``,
-            ``position_ids``, ``past_key_values``, ``use_cache`` and ``logits_to_keep``).
+            ``position_ids``, ``cache`` or ``past_key_values`` (``decoding.cache_name``),
+            ``use_cache`` and ``logits_to_keep``).
         query: (B, Tq) prompt ids, left-padded.
         query_mask: (B, Tq) 1 for real prompt tokens.
         config: sampling settings.

@@ -106,6 +106,9 @@ class PerplexityScorer(Scorer):
     def models(self) -> list[nn.Module]:
         return [self.model]
 
+    def id_readers(self) -> list[tuple[str, nn.Module]]:
+        return [(self.name, self.model)]
+
     @torch.no_grad()
     def score(self, batch: ScoreInput) -> torch.Tensor:
         return -response_log_perplexity(

@@ -31,7 +31,13 @@ from torch import nn
 from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
 from rlhfkit.experience.scorers import ScoreInput, Scorer
-from rlhfkit.models.loading import ValueModel, freeze, load_causal_lm, model_device
+from rlhfkit.models.loading import (
+    ValueModel,
+    check_vocabulary,
+    freeze,
+    load_causal_lm,
+    model_device,
+)
 from rlhfkit.models.lora import add_lora, reference_mode
 from rlhfkit.models.passes import (
     ValueHeadLM,
@@ -164,7 +170,9 @@ def load_rollout_models(
     lora: dict | None = None,
 ) -> RolloutModels:
     """Policy and frozen reference from ``model``; the critic as a separate ``ValueModel``
-    from the checkpoint ``critic`` or, with ``critic=None``, a value head on the policy.
+    from the checkpoint ``critic`` or, with ``critic=None``, a value head on the policy. Each
+    gets a row for every id of ``tokenizer`` (``match_vocabulary``): the critic reads the
+    policy's ids, the pad a tokenizer without one gained included.
 
     With ``lora`` (``add_lora`` arguments) policy and critic get adapters and the reference is
     the policy with its adapter disabled (``reference=None``), never a second copy.
@@ -175,7 +183,7 @@ def load_rollout_models(
         policy = add_lora(policy, **lora)
     value_model = None
     if critic is not None:
-        value_model = ValueModel.from_pretrained(critic)
+        value_model = ValueModel.from_pretrained(critic, tokenizer=tokenizer)
         if lora:
             value_model = add_lora(value_model, **lora)
     else:
@@ -226,6 +234,16 @@ class ExperienceMaker:
     tokenizer: Any
     settings: RolloutSettings
     runtime: Runtime
+
+    def __post_init__(self) -> None:
+        """Refuse at once a model that has no embedding for some of the policy's ids, rather
+        than meet an ``IndexError`` in the first pass that reads a pad."""
+        readers = [("policy", self.models.policy), ("reference", self.models.reference)]
+        readers += [("critic", self.models.critic)]
+        readers += self.scorer.id_readers() if self.scorer is not None else []
+        for role, model in readers:
+            if model is not None:
+                check_vocabulary(model, self.tokenizer, role)
 
     @classmethod
     def sampler(

@@ -108,7 +108,7 @@ def build_scorer(
 
 # --------------------------------------------------------------------------- scorers from specs
 SCORER_SPECS = (
-    "digits | gold | sentiment (rlhfkit.tasks), perplexity (under the policy), "
+    "digits | gold | instructions | sentiment (rlhfkit.tasks), perplexity (under the policy), "
     "perplexity:PATH (under the causal LM at PATH), a reward model directory, module:function"
 )
 
@@ -126,7 +126,7 @@ def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = N
 
 
 REWARD_FUNCTION_SPECS = (
-    "digits | gold | sentiment (rlhfkit.tasks), perplexity (under the policy), "
+    "digits | gold | instructions | sentiment (rlhfkit.tasks), perplexity (under the policy), "
     "perplexity:PATH (under the causal LM at PATH), module:function"
 )
 
@@ -166,7 +166,9 @@ def _bundled() -> dict[str, Callable]:
 
 def load_reward_model(path: str, tokenizer=None) -> torch.nn.Module:
     """A trained, frozen reward model: without its head a directory would score at random.
-    With ``tokenizer``, that tokenizer's ids must all have an embedding in the model."""
+    With ``tokenizer``, the tokenizer it reads, every id of it gets an embedding (the pad
+    ``load_tokenizer`` added) or, the model being of another vocabulary, is refused
+    (``match_vocabulary``)."""
     check_model_source(path, "reward model")
     if not is_reward_model(path):
         raise UsageError(
@@ -175,16 +177,7 @@ def load_reward_model(path: str, tokenizer=None) -> torch.nn.Module:
             "`rlhfkit rm` and TRL's RewardTrainer write one; for a causal LM's perplexity use "
             f"perplexity:{path}"
         )
-    reward_model = freeze(RewardModel.from_pretrained(path))
-    rows = reward_model.backbone.get_input_embeddings().num_embeddings
-    if tokenizer is not None and rows < len(tokenizer):
-        raise UsageError(
-            f"reward model {path} has {rows} token embeddings but the policy's tokenizer has "
-            f"{len(tokenizer)} tokens, and no tokenizer of its own beside it: save the "
-            "tokenizer it was trained with in its directory (it then scores the texts in its "
-            "own tokens), or use a reward model that shares the policy's tokenizer"
-        )
-    return reward_model
+    return freeze(RewardModel.from_pretrained(path, tokenizer=tokenizer))
 
 
 def load_reward_scorer(path: str, tokenizer=None) -> RewardModelScorer:
@@ -201,4 +194,4 @@ def load_reward_scorer(path: str, tokenizer=None) -> RewardModelScorer:
         len(own),
         len(tokenizer),
     )
-    return RewardModelScorer(load_reward_model(path), tokenizer=own)
+    return RewardModelScorer(load_reward_model(path, own), tokenizer=own)

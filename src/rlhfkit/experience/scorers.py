@@ -83,6 +83,11 @@ class Scorer(ABC):
         """The models the scorer runs (none for a Python function)."""
         return []
 
+    def id_readers(self) -> list[tuple[str, torch.nn.Module]]:
+        """The models that read the policy's token ids, each with the name an error gives it
+        (none for a Python function, nor for a reward model that reads its own tokens)."""
+        return []
+
     def to(self, device: torch.device | str) -> Scorer:
         """Move every model the scorer runs to ``device``."""
         for model in self.models():
@@ -191,6 +196,9 @@ class RewardModelScorer(Scorer):
     def models(self) -> list[torch.nn.Module]:
         return [self.model]
 
+    def id_readers(self) -> list[tuple[str, torch.nn.Module]]:
+        return [] if self.tokenizer is not None else [(self.name, self.model)]
+
     @torch.no_grad()
     def score(self, batch: ScoreInput) -> torch.Tensor:
         self.model.eval()  # a scorer never runs dropout
@@ -233,6 +241,9 @@ class WeightedScorer(Scorer):
 
     def models(self) -> list[torch.nn.Module]:
         return [model for scorer, _ in self.parts for model in scorer.models()]
+
+    def id_readers(self) -> list[tuple[str, torch.nn.Module]]:
+        return [reader for scorer, _ in self.parts for reader in scorer.id_readers()]
 
     def score(self, batch: ScoreInput) -> torch.Tensor:
         return sum(weight * scorer(batch) for scorer, weight in self.parts)

@@ -147,7 +147,8 @@ def load_tokenizer(
     """Load a tokenizer (hub name or local dir) whose pad token is distinct from its EOS.
 
     A missing pad token (or one aliased to EOS) is replaced by a new special ``<|pad|>``;
-    the caller must then resize the model's embeddings (``load_causal_lm(tokenizer=...)`` does).
+    every model that reads its ids then needs a row for it (``match_vocabulary``, which
+    ``load_causal_lm`` and ``ScalarHeadModel.from_pretrained`` call when given the tokenizer).
     """
     if gguf_file is None:
         _check_tokenizer_source(name_or_path)
@@ -194,16 +195,66 @@ def same_tokenizer(a, b) -> bool:
     return a.eos_token_id == b.eos_token_id and a.get_vocab() == b.get_vocab()
 
 
-def _resize_for(model: PreTrainedModel, tokenizer) -> None:
-    """Grow the embedding matrix to cover every token id, and record the pad id."""
-    n_rows = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > n_rows:
-        # Mean-initialised new rows keep the new tokens' logits in the usual range.
-        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
-        logger.info("resized embeddings from %d to %d rows", n_rows, len(tokenizer))
-    model.config.pad_token_id = tokenizer.pad_token_id
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
+def match_vocabulary(model: nn.Module, tokenizer, what: str = "model") -> None:
+    """Give ``model`` (a causal LM or a ``ScalarHeadModel``) an embedding row for every id of
+    ``tokenizer``, and record its pad id: the one place where every model that reads the
+    policy's token ids (policy, reference, critic, reward model) is matched to its tokenizer.
+
+    ``load_tokenizer`` may have added a pad token, one id past the checkpoint's vocabulary, so
+    without a row for it the first padded batch would index past the embeddings. The pad alone
+    gets one: it is never sampled and only read where the attention mask hides it, so any row
+    serves. A model that lacks rows for other ids would read those tokens as noise, so it is
+    refused, named by ``what`` (role and path).
+    """
+    transformer = model.backbone if isinstance(model, ScalarHeadModel) else model
+    rows = embedding_rows(transformer)
+    if len(tokenizer) > rows:
+        if rows != len(tokenizer) - 1 or tokenizer.pad_token_id != rows:
+            raise UsageError(_tokens_without_rows(what, rows, tokenizer))
+        # Mean-initialised, the new row keeps the pad's logit in the usual range.
+        transformer.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+        logger.info("%s: added an embedding row for the pad token (id %d)", what, rows)
+    transformer.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(transformer, "generation_config", None) is not None:
+        transformer.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+def _tokens_without_rows(what: str, rows: int, tokenizer) -> str:
+    return (
+        f"{what} has {rows} token embeddings, but the tokenizer it reads "
+        f"({tokenizer.name_or_path}) has {len(tokenizer)} tokens: ids {rows} to "
+        f"{len(tokenizer) - 1} have no embedding, and rlhfkit adds a row only for the pad "
+        "token. Give a model whose embeddings cover that tokenizer (resize_token_embeddings("
+        "len(tokenizer)), then save it) or, for a reward model of another vocabulary, save the "
+        "tokenizer it was trained with in its directory: it then scores the texts in its own "
+        "tokens"
+    )
+
+
+def embedding_rows(model: nn.Module) -> int | None:
+    """How many token ids ``model`` has an input embedding for (None: it has no
+    ``get_input_embeddings``, as a plain ``nn.Module`` scorer may not)."""
+    if not hasattr(model, "get_input_embeddings"):
+        return None
+    return model.get_input_embeddings().num_embeddings
+
+
+def check_vocabulary(model: nn.Module, tokenizer, role: str) -> None:
+    """Refuse, before any pass, a model that would be fed ids of ``tokenizer`` it has no
+    embedding for: a model built without ``match_vocabulary`` (through the Python API, say)
+    would otherwise stop on an ``IndexError`` deep in a forward pass. ``role`` names it."""
+    rows = embedding_rows(model)
+    if rows is None or rows >= len(tokenizer):
+        return
+    source = getattr(getattr(model, "config", None), "name_or_path", "")
+    named = f"{role} ({source})" if source else role
+    raise UsageError(
+        f"{named} has {rows} token embeddings but the policy's tokenizer has {len(tokenizer)} "
+        f"tokens (its pad {tokenizer.pad_token!r} is id {tokenizer.pad_token_id}), so ids from "
+        f"{rows} on would index past them. Load it for that tokenizer, as rlhfkit's commands "
+        "do (load_causal_lm(path, tokenizer=tokenizer), ValueModel.from_pretrained(path, "
+        "tokenizer=tokenizer)), or call match_vocabulary(model, tokenizer) on it"
+    )
 
 
 def load_causal_lm(
@@ -229,7 +280,7 @@ def load_causal_lm(
             use_safetensors=_use_safetensors(),
         )
     if tokenizer is not None:
-        _resize_for(model, tokenizer)
+        match_vocabulary(model, tokenizer, f"model {str(name_or_path)!r}")
     return fuse_gelu(model)
 
 
@@ -268,6 +319,7 @@ class ScalarHeadModel(nn.Module):
     """
 
     default_per_token = False
+    role = "model"  # what errors call it
 
     def __init__(self, backbone: nn.Module, *, per_token: bool | None = None):
         super().__init__()
@@ -282,6 +334,9 @@ class ScalarHeadModel(nn.Module):
     @property
     def config(self):
         return self.backbone.config
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.backbone.get_input_embeddings()
 
     @classmethod
     def from_causal_lm(cls, model: PreTrainedModel, *, per_token: bool | None = None):
@@ -326,17 +381,27 @@ class ScalarHeadModel(nn.Module):
         path_or_name: str | os.PathLike,
         *,
         per_token: bool | None = None,
+        tokenizer=None,
         dtype: torch.dtype = torch.float32,
         revision: str | None = None,
         trust_remote_code: bool = False,
     ):
-        """Load a reward model with its trained head, or a plain (causal) LM with a fresh head.
+        """Load a reward model with its trained head, or a plain (causal) LM with a fresh head;
+        with ``tokenizer``, one that reads its ids (``match_vocabulary``).
 
         A reward model is a one-label sequence classifier (``reward_format``: what rlhfkit
         writes, and TRL and transformers) or rlhfkit's older backbone + ``score_head.*``.
         ``per_token=None`` keeps the class default, so ``ValueModel.from_pretrained(rm_dir)``
         turns a reward model checkpoint into a critic (InstructGPT's critic initialisation).
         """
+        model = cls._load(path_or_name, per_token, dtype, revision, trust_remote_code)
+        if tokenizer is not None:
+            match_vocabulary(model, tokenizer, f"{cls.role} {str(path_or_name)!r}")
+        return model
+
+    @classmethod
+    def _load(cls, path_or_name, per_token, dtype, revision, trust_remote_code):
+        """``from_pretrained`` before the vocabulary is matched."""
         check_model_source(path_or_name)
         options = {"dtype": dtype, "revision": revision, "trust_remote_code": trust_remote_code}
         if is_sequence_classifier(path_or_name, revision):
@@ -398,6 +463,7 @@ class RewardModel(ScalarHeadModel):
     """Scores (B,) at the last real token (InstructGPT step 2)."""
 
     default_per_token = False
+    role = "reward model"
 
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
         """The standard format (``reward_format``): a one-label sequence classifier that
@@ -424,6 +490,7 @@ class ValueModel(ScalarHeadModel):
     """Values (B, T) at every token: the PPO critic."""
 
     default_per_token = True
+    role = "critic"
 
 
 def is_reward_model(path_or_name: str | os.PathLike, revision: str | None = None) -> bool:

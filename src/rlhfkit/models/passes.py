@@ -46,6 +46,9 @@ class ValueHeadLM(nn.Module):
     def config(self):
         return self.lm.config
 
+    def get_input_embeddings(self) -> nn.Module:
+        return self.lm.get_input_embeddings()
+
     def forward(self, input_ids, attention_mask, position_ids, logits_to_keep=0, **kwargs):
         out = self.lm(
             input_ids=input_ids,

@@ -14,10 +14,15 @@ Two kinds, with the same numbers up to float rounding:
 
 The static kind needs a transformers model that supports ``StaticCache`` (those marked
 ``_can_compile_fullgraph``); ``decoder_for`` falls back to the dynamic one otherwise.
+
+transformers 5.24 renamed the cache argument of ``forward`` and the output field from
+``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40); ``cache_name`` says
+which one a model takes, so both old and new releases, and remote code, decode.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import torch
@@ -40,6 +45,14 @@ def static_cache_supported(model: nn.Module) -> bool:
     return own_kernel(inner[0].config) in ("eager", "sdpa")
 
 
+def cache_name(model: nn.Module) -> str:
+    """The name ``model``'s forward takes its KV cache by, and returns it under: ``cache``
+    where its (transformers) forward has that parameter, else ``past_key_values``."""
+    inner = transformer_models(model)
+    forward = type(inner[0]).forward if inner else model.forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
 class DynamicDecoder:
     """Transformers' own growing cache and 2-D padding mask."""
 
@@ -50,7 +63,7 @@ class DynamicDecoder:
             batch, self.prompt_len + max_new_tokens, dtype=torch.long, device=query_mask.device
         )
         self.mask[:, : self.prompt_len] = query_mask
-        self.cache = None
+        self.cache, self.cache_name = None, cache_name(model)
 
     def prefill(self, query: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Run the prompts; the next-token logits (B, V)."""
@@ -61,7 +74,7 @@ class DynamicDecoder:
             use_cache=True,
             logits_to_keep=1,
         )
-        self.cache = out.past_key_values
+        self.cache = getattr(out, self.cache_name)
         return out.logits[:, -1]
 
     def step(self, token: torch.Tensor, position: torch.Tensor, step: int) -> torch.Tensor:
@@ -70,10 +83,10 @@ class DynamicDecoder:
             input_ids=token[:, None],
             attention_mask=self.mask[:, : self.prompt_len + step + 1],
             position_ids=position,
-            past_key_values=self.cache,
             use_cache=True,
+            **{self.cache_name: self.cache},
         )
-        self.cache = out.past_key_values
+        self.cache = getattr(out, self.cache_name)
         return out.logits[:, -1]
 
 
@@ -89,6 +102,7 @@ class StaticDecoder:
         self.model, self.graph, self.use_graph = model, None, graph
         config = transformer_models(model)[0].config
         self.cache = StaticCache(config=config, max_cache_len=length)
+        self.cache_name = cache_name(model)
         for layer in self.cache.layers:
             _keep_value_dtype(layer)
         self.eager = own_kernel(config) == "eager"
@@ -118,9 +132,9 @@ class StaticDecoder:
             input_ids=query,
             attention_mask=self._mask(visible),
             position_ids=positions,
-            past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self.cache_name: self.cache},
         )
         return out.logits[:, -1]
 
@@ -129,8 +143,8 @@ class StaticDecoder:
             input_ids=self.token,
             attention_mask=self._mask(self.visible),
             position_ids=self.position,
-            past_key_values=self.cache,
             use_cache=True,
+            **{self.cache_name: self.cache},
         )
         return out.logits[:, -1]
 

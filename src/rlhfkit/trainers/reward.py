@@ -241,10 +241,7 @@ def run_reward(config: RewardConfig) -> Path:
             records, tokenizer, config.max_length, chat_template=config.chat_template
         )
     set_seed(config.seed)  # the new head's initial weights
-    model = RewardModel.from_pretrained(config.model)
-    embeddings = model.backbone.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > embeddings:  # load_tokenizer added a pad token the backbone lacks
-        model.backbone.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    model = RewardModel.from_pretrained(config.model, tokenizer=tokenizer)
     trainer = RewardTrainer(
         config, model, tokenizer, train, evaluation, normalize_examples=normalize
     )
