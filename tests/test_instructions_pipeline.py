@@ -19,7 +19,7 @@ from rlhfkit.pipeline.run import run_pipeline
 from rlhfkit.tasks import BREAKDOWNS, INSTRUCTIONS_DATA_DIR
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "instructions_smollm2.yaml"
-FEW = {"max_steps": 2, "batch_size": 4, "report_to": ["none"], "log_every": 1}
+FEW = {"max_steps": 2, "batch_size": 4, "report_to": ["none"], "log_every": 1, "max_length": 96}
 SMALL = {
     "sft": {**FEW, "eval_batch_size": 8, "max_train_samples": 8, "max_eval_samples": 4},
     "reward": {**FEW, "eval_batch_size": 8, "max_train_samples": 8, "max_eval_samples": 4},
@@ -30,9 +30,16 @@ SMALL = {
         "batch_size": 4,
         "ppo_epochs": 1,
         "max_new_tokens": 8,
+        "max_prompt_length": 64,
         "report_to": ["none"],
     },
-    "grpo": {"max_steps": 2, "batch_size": 2, "max_new_tokens": 8, "report_to": ["none"]},
+    "grpo": {
+        "max_steps": 2,
+        "batch_size": 2,
+        "max_new_tokens": 8,
+        "max_prompt_length": 64,
+        "report_to": ["none"],
+    },
     "eval": {
         "max_prompts": 6,
         "batch_size": 16,
@@ -65,7 +72,7 @@ def test_config_derives_every_arm_from_the_bundled_data():
     assert stages.grpo.model == str(stages.sft.final_dir)
     assert set(stages.eval.models) == {"base", "sft", "ppo", "dpo", "grpo"}
     assert stages.eval.task == "instructions" and stages.eval.mixed_precision == "bf16"
-    assert Path(stages.sft.train_data) == INSTRUCTIONS_DATA_DIR / "sft"
+    assert Path(stages.sft.train_data).resolve() == INSTRUCTIONS_DATA_DIR / "sft"  # from the root
 
 
 def test_grpo_arm_needs_a_reward_without_a_task():

@@ -89,6 +89,9 @@ class EvalConfig:
     """Held-out comparisons for the reward model's accuracy (against labels and gold)."""
     max_comparisons: int | None = 200
     """Use the first this many comparisons; None = all."""
+    max_length: int = 256
+    """Most tokens of prompt + response when the reward model scores a comparison (as the
+    reward model's training `max_length`: longer ones keep the response's end cut)."""
     num_samples: int = 6
     """Prompts whose responses are kept side by side for the report."""
     output: str = "runs/eval/eval.json"
@@ -107,6 +110,7 @@ class EvalConfig:
             f"None or one of {sorted(REWARD_FUNCTIONS)}",
         )
         positive = ("max_prompt_length", "max_new_tokens", "batch_size", "num_samples")
+        require(self, "max_length", self.max_length >= 2, "an integer >= 2 (prompt + response)")
         for name in (*positive, "best_of_n_prompts"):
             require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         for name in ("max_prompts", "max_comparisons"):
@@ -245,7 +249,9 @@ def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -
         gold_fn = None if config.task is None else REWARD_FUNCTIONS[config.task]
         rm = setup.reward_model  # its own tokenizer, if it has one: comparisons are texts
         tokenizer = rm.tokenizer or setup.tokenizer
-        accuracy = reward_model_accuracy(rm.model, tokenizer, comparisons, gold_fn)
+        accuracy = reward_model_accuracy(
+            rm.model, tokenizer, comparisons, gold_fn, max_length=config.max_length
+        )
     result = {
         "rows": table,
         "best_of_n": curve,

@@ -341,6 +341,7 @@ def _eval_config(
         task=config.task,
         prompts=config.data("prompts"),
         comparisons=config.data("comparisons"),
+        max_length=reward.max_length,
         split="test",
         max_new_tokens=ppo.max_new_tokens,
         temperature=ppo.temperature,
