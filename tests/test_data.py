@@ -367,6 +367,37 @@ def test_truncation_keeps_half_the_budget_each_and_is_counted(tiny_tokenizer):
     assert (report.truncated_prompts, report.truncated_responses) == (1, 0)
 
 
+def test_comparisons_cut_prompt_and_responses_to_their_own_lengths_first(tiny_tokenizer):
+    tok, eos = tiny_tokenizer, tiny_tokenizer.eos_token_id
+    prompt = "Number 7. the cat likes the big tree"
+    chosen, rejected = " in the park every day", " today."
+    p, c, r = ids(tok, prompt), ids(tok, chosen) + [eos], ids(tok, rejected) + [eos]
+    assert len(p) > 4 and len(c) > 5 and len(r) <= 5
+    record = Comparison(prompt, chosen, rejected)
+    (example,), report = encode_comparisons(
+        [record], tok, max_length=64, max_prompt_length=4, max_response_length=5
+    )
+    # The prompt keeps its last 4 tokens and each response its first 5, as TRL's DPO cut them.
+    assert example.prompt_ids == p[-4:]
+    assert example.response_ids == [c[:5], r]
+    assert report.as_dict() == {
+        "records": 1,
+        "truncated_prompts": 1,
+        "truncated_responses": 1,
+        "tokens_removed": len(p) - 4 + len(c) - 5,
+    }
+    # max_length still applies to what is left: 4 + 5 > 8 leaves the response 4 (half).
+    (example,), _ = encode_comparisons(
+        [record], tok, max_length=8, max_prompt_length=4, max_response_length=5
+    )
+    assert example.prompt_ids == p[-4:] and example.response_ids == [c[:4], r[:4]]
+    # Without the limits nothing changes: max_length alone decides.
+    (plain,), _ = encode_comparisons([record], tok, max_length=64)
+    assert plain.prompt_ids == p and plain.response_ids == [c, r]
+    with pytest.raises(ValueError, match="max_response_length=0"):
+        encode_comparisons([record], tok, max_length=64, max_response_length=0)
+
+
 def test_pair_and_ranking_batches_serve_both_losses(tiny_tokenizer):
     tok, eos = tiny_tokenizer, tiny_tokenizer.eos_token_id
     records = [

@@ -12,14 +12,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import _OBJECTS, _SUBJECTS, _VERBS
+from conftest import _OBJECTS, _SUBJECTS, _VERBS, tiny_lm, write_jsonl
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
 from rlhfkit.models.loading import disable_dropout
+from rlhfkit.models.passes import labelled_logprobs
+from rlhfkit.ops.masks import masked_sum
 from rlhfkit.trainers.dpo import (
     DPOCollator,
     DPOPair,
     DPOTrainer,
+    load_pairs,
     preference_pairs,
     sequence_logps,
 )
@@ -139,6 +142,82 @@ def test_precomputes_only_the_pairs_a_short_run_visits(tiny_model_dir, tiny_toke
         trainer.compute_loss(trainer.collate_fn(missing))
 
 
+def _chosen_nll(model, batch):
+    """RPO's NLL by hand: minus the chosen rows' token log-probs, over their token count."""
+    logprobs, mask = labelled_logprobs(model, batch)
+    n = batch["pair_count"]
+    return -float(masked_sum(logprobs[:n], mask[:n])) / int(mask[:n].sum())
+
+
+def test_rpo_alpha_adds_the_chosen_nll_per_token(tiny_model_dir, tiny_tokenizer, tmp_path):
+    train, held_out = _toy_pairs(tiny_tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    trainer = DPOTrainer(
+        _config(tmp_path, rpo_alpha=0.5), model, tiny_tokenizer, train, held_out[:16]
+    )
+    batch = trainer.collate_fn(trainer.train_data[:8])
+    loss, metrics = trainer.compute_loss(batch)
+    with torch.no_grad():
+        nll = _chosen_nll(trainer.model, batch)
+    # At step 1 the policy is the reference: DPO's part is ln 2 exactly.
+    assert float(loss.detach()) == pytest.approx(math.log(2) + 0.5 * nll, abs=1e-5)
+    assert float(metrics["nll_chosen"]) == pytest.approx(nll, abs=1e-5)
+    assert float(metrics["dpo_loss"]) == pytest.approx(math.log(2), abs=1e-5)
+    plain = DPOTrainer(_config(tmp_path), model, tiny_tokenizer, train[:8])
+    plain_loss, plain_metrics = plain.compute_loss(plain.collate_fn(plain.train_data))
+    assert float(plain_loss.detach()) == pytest.approx(math.log(2), abs=1e-5)
+    assert "nll_chosen" not in plain_metrics
+    # Evaluation: the same formula over the whole held-out set, its chosen tokens pooled.
+    held = trainer.collate_fn(trainer.eval_pairs)
+    with torch.no_grad():
+        held_nll = _chosen_nll(trainer.model, held)
+    metrics = trainer.run_evaluation()
+    assert metrics["nll_chosen"] == pytest.approx(held_nll, abs=1e-5)
+    assert metrics["loss"] == pytest.approx(math.log(2) + 0.5 * held_nll, abs=1e-5)
+
+
+def test_rpo_keeps_the_chosen_log_probs_up(tiny_model_dir, tiny_tokenizer, tmp_path):
+    train, _ = _toy_pairs(tiny_tokenizer)
+    logps = {}
+    for alpha in (0.0, 1.0):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        config = _config(tmp_path / str(alpha), rpo_alpha=alpha, max_steps=8)
+        trainer = DPOTrainer(config, model, tiny_tokenizer, train)
+        trainer.train()
+        batch = trainer.collate_fn(trainer.train_data[:16])
+        with torch.no_grad():
+            logps[alpha] = float(sequence_logps(trainer.model, batch)[:16].mean())
+    assert logps[1.0] > logps[0.0] + 0.5, logps
+
+
+def test_a_separate_reference_gives_the_precomputed_log_probs(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    train, _ = _toy_pairs(tiny_tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    reference = disable_dropout(tiny_lm(tiny_tokenizer, seed=1, n_positions=128)).eval()
+    trainer = DPOTrainer(_config(tmp_path), model, tiny_tokenizer, train, reference=reference)
+    assert trainer.reference is None  # freed once its log-probs are computed
+    batch = trainer.collate_fn([trainer.train_data[i] for i in range(8)])
+    with torch.no_grad():
+        expected = sequence_logps(reference, batch)
+        policy = sequence_logps(trainer.model, batch)
+    torch.testing.assert_close(batch["ref_logps"], expected, atol=1e-4, rtol=0)
+    assert not torch.allclose(expected, policy, atol=1e-2)
+    loss, _ = trainer.compute_loss(batch)
+    assert abs(float(loss.detach()) - math.log(2)) > 1e-3  # not the policy: no longer ln 2
+
+
+def test_load_pairs_cuts_prompts_and_responses_as_configured(tiny_tokenizer, tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    record = {"prompt": "The cat likes the big tree", "chosen": " in the park", "rejected": " no."}
+    write_jsonl(path, [record])
+    config = _config(tmp_path, max_prompt_length=2, max_response_length=3)
+    (pair,) = load_pairs(config, str(path), "train", tiny_tokenizer, None)
+    assert len(pair.example.prompt_ids) == 2
+    assert [len(r) for r in pair.example.response_ids] == [3, 3]
+
+
 @pytest.mark.slow
 def test_dpo_learns_separable_pairs_and_the_reference_does_not_move(
     tiny_model_dir, tiny_tokenizer, tmp_path
@@ -251,6 +330,9 @@ def test_disable_dropout_makes_train_mode_deterministic(tiny_model):
         ({"loss_type": "conservative"}, "label_smoothing"),
         ({"label_smoothing": 0.1}, "label_smoothing"),
         ({"lora": True, "reference": "some/model"}, "reference"),
+        ({"rpo_alpha": -0.1}, "rpo_alpha"),
+        ({"max_prompt_length": 0}, "max_prompt_length"),
+        ({"max_response_length": 0}, "max_response_length"),
     ],
 )
 def test_config_errors_name_the_field(fields, field):

@@ -1,4 +1,5 @@
-"""KL estimators, PPO, pairwise / ranking and DPO losses (rlhfkit.ops.losses)."""
+"""KL estimators, PPO, pairwise / ranking, reward centring, DPO and RPO losses
+(rlhfkit.ops.losses)."""
 
 import itertools
 import math
@@ -18,6 +19,8 @@ from rlhfkit.ops.losses import (
     ppo_policy_loss,
     ppo_value_loss,
     ranking_loss,
+    reward_centering,
+    rpo_loss,
 )
 
 LN2 = math.log(2.0)
@@ -227,3 +230,40 @@ def test_dpo_errors():
         dpo_loss(*DPO_CASE, beta=0.1, loss_type="conservative")
     with pytest.raises(ValueError, match="beta must be > 0"):
         dpo_loss(*DPO_CASE, beta=0.0)
+
+
+def test_reward_centering_hand_examples():
+    # Pairs: (1 + -1)^2 = 0 and (2 + 0)^2 = 4, mean 2 (TRL's mean((r_chosen + r_rejected)^2)).
+    assert float(reward_centering(torch.tensor([[1.0, -1.0], [2.0, 0.0]]))) == pytest.approx(2.0)
+    # K = 3: (1+2)^2, (1+3)^2, (2+3)^2 = 9, 16, 25, mean 50/3; the second prompt has two
+    # responses, (1 - 1)^2 = 0; each prompt counts once: (50/3 + 0) / 2.
+    scores = torch.tensor([[1.0, 2.0, 3.0], [1.0, -1.0, 7.0]])
+    valid = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    assert float(reward_centering(scores, valid)) == pytest.approx(25 / 3)
+
+
+def test_reward_centering_of_pairs_is_the_papers_term_and_its_gradient():
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(6, 2, generator=gen).requires_grad_()
+    centring = reward_centering(table, torch.ones(6, 2))
+    torch.testing.assert_close(centring, ((table[:, 0] + table[:, 1]) ** 2).mean())
+    centring.backward()
+    expected = 2 * (table[:, 0] + table[:, 1]).detach() / 6  # d/dr of mean((c + r)^2)
+    torch.testing.assert_close(table.grad, torch.stack([expected, expected], 1))
+
+
+def test_rpo_loss_hand_example_is_a_token_mean_over_the_batch():
+    dpo_losses = torch.tensor([0.5, 1.5])  # mean 1
+    # Chosen responses of 1 and 5 tokens, each with a summed log-prob of -3: the NLL per token
+    # over the batch is 6 / 6 = 1 (the mean of per-response means would be 1.8).
+    chosen_logps = torch.tensor([-3.0, -3.0], requires_grad=True)
+    tokens = torch.tensor([1.0, 5.0])
+    loss, nll = rpo_loss(dpo_losses, chosen_logps, tokens, alpha=0.5)
+    assert float(nll) == pytest.approx(1.0) and not nll.requires_grad
+    assert float(loss.detach()) == pytest.approx(1.0 + 0.5 * 1.0)
+    loss.backward()
+    torch.testing.assert_close(chosen_logps.grad, torch.full((2,), -0.5 / 6))
+    loss, _ = rpo_loss(dpo_losses, chosen_logps, tokens, alpha=0.0)
+    assert float(loss.detach()) == pytest.approx(1.0)  # alpha 0: plain DPO
+    with pytest.raises(ValueError, match="alpha must be >= 0"):
+        rpo_loss(dpo_losses, chosen_logps, tokens, alpha=-1.0)

@@ -1,5 +1,6 @@
 """Reward trainer: metrics and loss dispatch by hand, learning a separable preference (pairs and
-K-way rankings), frozen parameters, InstructGPT normalisation, run from files."""
+K-way rankings), frozen parameters, InstructGPT normalisation, reward centring, dropout, run
+from files."""
 
 import json
 import random
@@ -8,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from rlhfkit.config import RewardConfig
+from rlhfkit.config import ConfigError, RewardConfig
 from rlhfkit.data import (
     Comparison,
     Demonstration,
@@ -19,7 +20,7 @@ from rlhfkit.data import (
     encode_demonstrations,
 )
 from rlhfkit.models.loading import RewardModel
-from rlhfkit.ops.losses import pairwise_logsigmoid_loss, ranking_loss
+from rlhfkit.ops.losses import pairwise_logsigmoid_loss, ranking_loss, reward_centering
 from rlhfkit.trainers.reward import (
     RewardTrainer,
     preference_loss,
@@ -108,6 +109,65 @@ def test_loss_dispatch():
     torch.testing.assert_close(
         preference_loss(three, valid, margin=0.5), ranking_loss(three, valid)
     )
+
+
+def test_centring_adds_its_weighted_term_to_each_loss():
+    table = torch.tensor([[1.0, -0.5], [2.0, 1.0]])  # (r_c + r_r)^2: 0.25 and 9, mean 4.625
+    valid = torch.ones_like(table, dtype=torch.bool)
+    for loss in ("logsigmoid", "logexp"):
+        plain = preference_loss(table, valid, loss)
+        torch.testing.assert_close(
+            preference_loss(table, valid, loss, center_coef=0.1), plain + 0.1 * 4.625
+        )
+    three, valid = torch.tensor([[1.0, 0.0, -1.0]]), torch.ones(1, 3, dtype=torch.bool)
+    centred = preference_loss(three, valid, center_coef=0.5)  # (1+0)^2, (1-1)^2, (0-1)^2: 2/3
+    torch.testing.assert_close(centred, ranking_loss(three, valid) + 0.5 * 2 / 3)
+
+
+def test_trainer_with_centring_computes_its_loss_and_centres_the_rewards(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    train, _ = encode_comparisons(pairs(32, seed=1), tiny_tokenizer, 48)
+    config = _config(tmp_path, center_rewards_coef=0.5)
+    trainer = RewardTrainer(config, _model(tiny_model_dir), tiny_tokenizer, train)
+    batch = trainer.collate(train[:8])
+    loss, metrics = trainer.compute_loss(batch)
+    with torch.no_grad():
+        scores = trainer.model(batch["input_ids"], batch["attention_mask"])  # chosen, rejected
+        chosen, rejected = scores[:8], scores[8:]
+    expected = pairwise_logsigmoid_loss(chosen, rejected) + 0.5 * ((chosen + rejected) ** 2).mean()
+    assert float(loss.detach()) == pytest.approx(float(expected), abs=1e-5)
+    assert metrics["centering"] == pytest.approx(float(((chosen + rejected) ** 2).mean()), abs=1e-5)
+
+    sums = {}
+    for coef in (0.0, 1.0):
+        model = _model(tiny_model_dir)
+        with torch.no_grad():
+            model.score.bias.fill_(3.0)  # start off-centre: every reward about 3
+        config = _config(tmp_path / str(coef), center_rewards_coef=coef, max_steps=8)
+        trainer = RewardTrainer(config, model, tiny_tokenizer, train)
+        trainer.train()
+        model.eval()
+        with torch.no_grad():
+            table, valid = trainer.score_table(trainer.collate(train))
+        sums[coef] = float(reward_centering(table, valid))
+    assert sums[1.0] < 0.25 * sums[0.0], sums
+
+
+@pytest.mark.parametrize("disable", [True, False])
+def test_dropout_is_off_by_default(tiny_model_dir, tiny_tokenizer, tmp_path, disable):
+    model = _model(tiny_model_dir)
+    assert max(m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)) > 0
+    train, _ = encode_comparisons(pairs(2, seed=1), tiny_tokenizer, 48)
+    RewardTrainer(_config(tmp_path, disable_dropout=disable), model, tiny_tokenizer, train)
+    dropouts = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    assert (max(dropouts) == 0) == disable
+    assert RewardConfig.disable_dropout is True
+
+
+def test_config_refuses_a_negative_centring_weight():
+    with pytest.raises(ConfigError, match="RewardConfig.center_rewards_coef = -0.1"):
+        RewardConfig(center_rewards_coef=-0.1)
 
 
 def test_rm_learns_separable_pairs_with_frozen_embeddings(tiny_model_dir, tiny_tokenizer, tmp_path):

@@ -13,8 +13,9 @@ Each command is one line in `COMMANDS`: a config dataclass and a `run(config)` f
 named as "module:attribute" and imported only when that command runs, so `rlhfkit --help`
 answers without loading torch. Options come from jsonargparse: a YAML file (`--config`), then
 `--field value` overrides, then the dataclass's own checks (`ConfigError` names the field). One
-value for a list field is a list of one (`--report_to wandb`); a TRL option name, or one that
-rlhfkit used before, stops with "did you mean" and ours (`TRL_NAMES`, `OLD_NAMES`).
+value for a list field is a list of one (`--report_to wandb`); a TRL option name stops with
+rlhfkit's answer to it (`trl_names`: "did you mean" ours, or why there is none and what to do
+instead), and so does a name rlhfkit used before (`OLD_NAMES`).
 
 One error path: a failure is one paragraph on stderr (what, where, what is allowed, what to do)
 and an exit code, 2 for what the user gave (an option, a config value, a data file, a model
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlhfkit import trl_names
 from rlhfkit.errors import RunError, UsageError
 from rlhfkit.text import terminal_text
 
@@ -223,37 +225,6 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# TRL's names for options rlhfkit spells otherwise -> (our field, what to write). No alias is
-# accepted: a run reads one spelling, and the error teaches it.
-TRL_NAMES = {
-    "model_name_or_path": ("model", "--model"),
-    "sft_model_path": ("model", "--model"),
-    "reward_model_path": ("reward_model", "--reward_model"),
-    "dataset_name": ("train_data", "--train_data"),
-    "dataset_train_split": ("train_split", "--train_split"),
-    "dataset_test_split": ("eval_split", "--eval_split"),
-    "per_device_train_batch_size": ("batch_size", "--batch_size"),
-    "per_device_eval_batch_size": ("eval_batch_size", "--eval_batch_size"),
-    "num_train_epochs": ("num_epochs", "--num_epochs"),
-    "lr_scheduler_type": ("lr_scheduler", "--lr_scheduler"),
-    "logging_steps": ("log_every", "--log_every"),
-    "save_steps": ("save_every", "--save_every"),
-    "eval_steps": ("eval_every", "--eval_every"),
-    "save_total_limit": ("keep_last", "--keep_last"),
-    "resume_from_checkpoint": ("resume", "--resume true"),
-    "bf16": ("mixed_precision", "--mixed_precision bf16"),
-    "use_cpu": ("cpu", "--cpu true"),
-    "use_peft": ("lora", "--lora true"),
-    "max_completion_length": ("max_new_tokens", "--max_new_tokens"),
-    "response_length": ("max_new_tokens", "--max_new_tokens"),
-    "num_ppo_epochs": ("ppo_epochs", "--ppo_epochs"),
-    "cliprange": ("clip_range", "--clip_range"),
-    "cliprange_value": ("clip_range_value", "--clip_range_value"),
-    "local_rollout_forward_batch_size": ("forward_batch_size", "--forward_batch_size"),
-    "total_episodes": ("max_steps", "--max_steps (PPO iterations)"),
-}
-
-
 _SCORER = (
     "--reward_model DIR (a reward model) or --reward_functions NAME (digits, gold, sentiment, "
     "perplexity, perplexity:PATH or module:function)"
@@ -269,18 +240,38 @@ OLD_NAMES = {
 
 
 def _refuse_other_spellings(name: str, args: Sequence[str], fields: set[str]) -> None:
-    """A TRL option name, or a former one of ours, that this command has under another name,
-    given as an option or as a key of a `--config` file: a usage error naming ours."""
+    """A TRL option name, or a former one of ours, given as an option or as a key of a
+    `--config` file, that this command does not take under that name: a usage error with
+    rlhfkit's answer (`_trl_answer`), or naming our name for a former one."""
+    listing = f"`rlhfkit {name} --help` lists every option"
     for given, where in _given_names(args):
-        if given in fields:
+        key = given.replace("-", "_")
+        if given in fields or key in fields:
             continue
-        for names, whose in ((TRL_NAMES, "TRL's name"), (OLD_NAMES, "a former name")):
-            ours = names.get(given.replace("-", "_"))
-            if ours is not None and ours[0] in fields:
-                raise UsageError(
-                    f"unrecognized {where} ({whose}); did you mean {ours[1]}? "
-                    f"`rlhfkit {name} --help` lists every option"
-                )
+        trl = _trl_answer(name, key, fields)
+        if trl is not None and trl.kind == "ours":
+            note = f" ({trl.note})" if trl.note else ""
+            raise UsageError(
+                f"unrecognized {where} (TRL's name); did you mean {trl.spelling}?{note} {listing}"
+            )
+        if trl is not None and trl.kind == "missing":
+            raise UsageError(
+                f"unrecognized {where} (TRL's name), not an option of rlhfkit {name}: "
+                f"{trl.note}. {listing}; docs/trl_options.md answers every TRL option"
+            )
+        ours = OLD_NAMES.get(key)
+        if ours is not None and ours[0] in fields:
+            raise UsageError(
+                f"unrecognized {where} (a former name); did you mean {ours[1]}? {listing}"
+            )
+
+
+def _trl_answer(name: str, key: str, fields: set[str]) -> trl_names.Answer | None:
+    """rlhfkit's answer to TRL's option `key` in command `name`: its TRL counterpart's table
+    for a training stage; for another command, a name of ours that it has (`fields`)."""
+    if name in trl_names.STAGES:
+        return trl_names.answer(name, key)
+    return next((a for a in trl_names.renamed(key) if a.field in fields), None)
 
 
 def _given_names(args: Sequence[str]) -> list[tuple[str, str]]:
@@ -346,6 +337,12 @@ def _as_list(value: str) -> str:
 
 def run_command(name: str, args: Sequence[str]) -> Any:
     """Parse `args` into the command's config, run it, and return what it returned."""
+    command, config = parse_command(name, args)
+    return _load(command.run)(config), config
+
+
+def parse_command(name: str, args: Sequence[str]) -> tuple[Command, Any]:
+    """The command named `name` and its config from `args`; what `run_command` runs."""
     from rlhfkit.config import ConfigError, config_from_namespace, config_parser
 
     resolved = _resolve(name)
@@ -361,7 +358,7 @@ def run_command(name: str, args: Sequence[str]) -> Any:
         config = config_from_namespace(config_cls, namespace)
     except ConfigError as error:
         parser.error(str(error))
-    return _load(command.run)(config), config
+    return command, config
 
 
 def _refuse_several_processes(name: str, command: Command) -> None:

@@ -162,6 +162,10 @@ class TrainConfig:
     """Give plain-string prompts to a tokenizer that has a chat template as one user message
     through that template (what an instruct model was trained on); False keeps them raw text.
     Chat messages always go through the template; without one nothing changes."""
+    trust_remote_code: bool = False
+    """Run the Python code a hub model ships for its architecture or tokenizer (`auto_map` in
+    its config), for every model the stage loads. Off by default: that code runs with your
+    rights, so turn it on only for a model whose source you trust."""
 
     def __post_init__(self) -> None:
         _check_literals(self)
@@ -431,6 +435,13 @@ class RewardConfig(DataOptions, LoRAOptions, TrainConfig):
     normalize_data: str | None = None
     """Demonstrations (e.g. the SFT data) whose mean reward is shifted to 0 after training, as in
     InstructGPT; None leaves the rewards as trained."""
+    center_rewards_coef: float = 0.0
+    """Weight of the centring term mean((r_chosen + r_rejected)^2) added to the loss
+    (Eisenstein et al. 2023; TRL's center_rewards_coefficient, which suggests 0.01), so the
+    rewards of each pair sum to about 0; 0 turns it off. Rankings: over each prompt's pairs."""
+    disable_dropout: bool = True
+    """Turn dropout off in the reward model (as TRL's RewardConfig does), so a pair's scores
+    are a deterministic function of the weights during training as at scoring time."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -441,6 +452,12 @@ class RewardConfig(DataOptions, LoRAOptions, TrainConfig):
             "margin",
             self.margin is None or self.loss == "logsigmoid",
             "None with loss='logexp' (the margin belongs to the logsigmoid loss)",
+        )
+        require(
+            self,
+            "center_rewards_coef",
+            0 <= self.center_rewards_coef < math.inf,
+            "a number >= 0 (0 = no centring term)",
         )
 
 

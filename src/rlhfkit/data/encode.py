@@ -10,6 +10,8 @@ tokenizer with a template (an instruct model answers it as it was trained to), u
 Truncation (at tokenisation only; `pad` never cuts): when prompt + response exceeds
 `max_length`, the prompt keeps its end (the text next to the response) and the response its
 start, each getting at least half the budget when both are long, so neither becomes empty.
+Comparisons may first cut the prompt and each response to lengths of their own
+(`max_prompt_length`, `max_response_length`: DPO's, in TRL's order).
 An example longer than the context the tokenizer declares (`model_max_length`) stops the
 run with the length option to lower, before any step could index past the model's positions.
 """
@@ -171,13 +173,22 @@ def _encode(
 
 
 def _truncate(
-    prompt: list[int], responses: list[list[int]], max_length: int, report: TruncationReport
+    prompt: list[int],
+    responses: list[list[int]],
+    max_length: int,
+    report: TruncationReport,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
 ) -> tuple[list[int], list[list[int]]]:
     """Fit prompt + each response in `max_length`: the prompt keeps its end, responses their
-    start; a long prompt keeps at least half the budget, so does a long response."""
-    longest = max(map(len, responses))
-    keep_prompt = min(len(prompt), max(max_length - longest, max_length // 2))
-    keep_response = max_length - keep_prompt  # >= 1 since max_length >= 2
+    start; a long prompt keeps at least half the budget, so does a long response. The prompt
+    is first cut to `max_prompt_length` tokens and each response to `max_response_length`
+    (None: no such cut)."""
+    prompt_limit = min(len(prompt), max_prompt_length or len(prompt))
+    response_limit = max_response_length or max(map(len, responses))
+    longest = min(max(map(len, responses)), response_limit)
+    keep_prompt = min(prompt_limit, max(max_length - longest, max_length // 2))
+    keep_response = min(max_length - keep_prompt, response_limit)  # >= 1: max_length >= 2
     report.records += 1
     report.count(len(prompt), keep_prompt, prompt=True)
     for r in responses:
@@ -244,14 +255,25 @@ def encode_comparisons(
     tokenizer: Any,
     max_length: int,
     *,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
     chat_template: bool = True,
 ) -> tuple[list[PreferenceExample], TruncationReport]:
-    """Prompt ids and best-first response ids per comparison or ranking (reward model, DPO)."""
+    """Prompt ids and best-first response ids per comparison or ranking (reward model, DPO);
+    the prompt cut to its last `max_prompt_length` tokens and each response to its first
+    `max_response_length` (None: no such cut), then prompt + response to `max_length`."""
     _check_length("max_length", max_length, 2)
+    limits = {"max_prompt_length": max_prompt_length, "max_response_length": max_response_length}
+    for name, limit in limits.items():
+        if limit is not None:
+            _check_length(name, limit, 1)
     prompts, responses = [r.prompt for r in records], [r.best_first for r in records]
     encoded = _encode(prompts, responses, tokenizer, chat_template)
     report = TruncationReport()
-    examples = [PreferenceExample(*_truncate(p, rs, max_length, report)) for p, rs in encoded]
+    examples = [
+        PreferenceExample(*_truncate(p, rs, max_length, report, *limits.values()))
+        for p, rs in encoded
+    ]
     longest = max((len(e.prompt_ids) + len(r) for e in examples for r in e.response_ids), default=0)
     _check_context("max_length", max_length, longest, tokenizer)
     _log("encode_comparisons", report)

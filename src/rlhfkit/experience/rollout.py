@@ -168,6 +168,7 @@ def load_rollout_models(
     *,
     critic: str | None,
     lora: dict | None = None,
+    trust_remote_code: bool = False,
 ) -> RolloutModels:
     """Policy and frozen reference from ``model``; the critic as a separate ``ValueModel``
     from the checkpoint ``critic`` or, with ``critic=None``, a value head on the policy. Each
@@ -176,14 +177,16 @@ def load_rollout_models(
 
     With ``lora`` (``add_lora`` arguments) policy and critic get adapters and the reference is
     the policy with its adapter disabled (``reference=None``), never a second copy.
+    ``trust_remote_code`` lets the code the models ship run (``load_causal_lm``).
     """
-    policy = load_causal_lm(model, tokenizer=tokenizer)
-    reference = None if lora else freeze(load_causal_lm(model, tokenizer=tokenizer))
+    loading = {"tokenizer": tokenizer, "trust_remote_code": trust_remote_code}
+    policy = load_causal_lm(model, **loading)
+    reference = None if lora else freeze(load_causal_lm(model, **loading))
     if lora:
         policy = add_lora(policy, **lora)
     value_model = None
     if critic is not None:
-        value_model = ValueModel.from_pretrained(critic, tokenizer=tokenizer)
+        value_model = ValueModel.from_pretrained(critic, **loading)
         if lora:
             value_model = add_lora(value_model, **lora)
     else:

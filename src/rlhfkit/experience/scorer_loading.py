@@ -86,15 +86,19 @@ def build_scorer(
     *,
     tokenizer=None,
     model: torch.nn.Module | None = None,
+    trust_remote_code: bool = False,
 ) -> Scorer:
     """A frozen reward model (a directory from ``rlhfkit reward``) and/or reward functions
     (names, see ``reward_function_scorer``), summed with ``weights`` (in that order; None = all
-    1). ``tokenizer`` and ``model`` as in ``parse_scorer``."""
+    1). ``tokenizer`` and ``model`` as in ``parse_scorer``; ``trust_remote_code`` lets the
+    code a reward model or perplexity model ships run (``load_causal_lm``)."""
+    trust = trust_remote_code
     parts: list[Scorer] = []
     if reward_model is not None:
-        parts.append(load_reward_scorer(reward_model, tokenizer))
+        parts.append(load_reward_scorer(reward_model, tokenizer, trust_remote_code=trust))
     parts += [
-        reward_function_scorer(spec, tokenizer=tokenizer, model=model) for spec in reward_functions
+        reward_function_scorer(spec, tokenizer=tokenizer, model=model, trust_remote_code=trust)
+        for spec in reward_functions
     ]
     if not parts:
         raise ValueError("build_scorer needs a reward model or at least one reward function")
@@ -132,11 +136,15 @@ REWARD_FUNCTION_SPECS = (
 
 
 def reward_function_scorer(
-    spec: str, *, tokenizer=None, model: torch.nn.Module | None = None
+    spec: str,
+    *,
+    tokenizer=None,
+    model: torch.nn.Module | None = None,
+    trust_remote_code: bool = False,
 ) -> Scorer:
     """A ``Scorer`` from one name of ``reward_functions`` (``REWARD_FUNCTION_SPECS``): the one
     place those names resolve, for every command. ``model`` and ``tokenizer`` as in
-    ``parse_scorer``."""
+    ``parse_scorer``; ``trust_remote_code`` for the model of perplexity:PATH."""
     bundled = _bundled()
     if spec in bundled:
         return FunctionScorer(bundled[spec], name=spec)
@@ -146,7 +154,8 @@ def reward_function_scorer(
         return PerplexityScorer(model)
     if spec.startswith("perplexity:"):
         path = spec.removeprefix("perplexity:")
-        return PerplexityScorer(freeze(load_causal_lm(path, tokenizer=tokenizer)))
+        lm = load_causal_lm(path, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
+        return PerplexityScorer(freeze(lm))
     if ":" in spec:
         return FunctionScorer(load_function(spec), name=spec)
     if Path(spec).is_dir():
@@ -164,11 +173,13 @@ def _bundled() -> dict[str, Callable]:
     return {**tasks.REWARD_FUNCTIONS, "gold": tasks.gold_reward}
 
 
-def load_reward_model(path: str, tokenizer=None) -> torch.nn.Module:
+def load_reward_model(
+    path: str, tokenizer=None, *, trust_remote_code: bool = False
+) -> torch.nn.Module:
     """A trained, frozen reward model: without its head a directory would score at random.
     With ``tokenizer``, the tokenizer it reads, every id of it gets an embedding (the pad
     ``load_tokenizer`` added) or, the model being of another vocabulary, is refused
-    (``match_vocabulary``)."""
+    (``match_vocabulary``). ``trust_remote_code`` lets the code it ships run."""
     check_model_source(path, "reward model")
     if not is_reward_model(path):
         raise UsageError(
@@ -177,16 +188,23 @@ def load_reward_model(path: str, tokenizer=None) -> torch.nn.Module:
             "`rlhfkit rm` and TRL's RewardTrainer write one; for a causal LM's perplexity use "
             f"perplexity:{path}"
         )
-    return freeze(RewardModel.from_pretrained(path, tokenizer=tokenizer))
+    model = RewardModel.from_pretrained(
+        path, tokenizer=tokenizer, trust_remote_code=trust_remote_code
+    )
+    return freeze(model)
 
 
-def load_reward_scorer(path: str, tokenizer=None) -> RewardModelScorer:
+def load_reward_scorer(
+    path: str, tokenizer=None, *, trust_remote_code: bool = False
+) -> RewardModelScorer:
     """A frozen reward model as a scorer of the policy whose tokenizer is ``tokenizer``: on
     the policy's token ids when it shares that tokenizer (or has none saved, or none is
-    given), else from the decoded texts in the tokenizer saved in its directory."""
-    own = saved_tokenizer(path) if tokenizer is not None else None
+    given), else from the decoded texts in the tokenizer saved in its directory.
+    ``trust_remote_code`` lets the code the model and its tokenizer ship run."""
+    trust = trust_remote_code
+    own = saved_tokenizer(path, trust_remote_code=trust) if tokenizer is not None else None
     if own is None or same_tokenizer(own, tokenizer):
-        return RewardModelScorer(load_reward_model(path, tokenizer))
+        return RewardModelScorer(load_reward_model(path, tokenizer, trust_remote_code=trust))
     logger.info(
         "reward model %s has a tokenizer of its own (%d tokens; the policy's has %d): it "
         "scores the decoded texts in its own tokens",
@@ -194,4 +212,4 @@ def load_reward_scorer(path: str, tokenizer=None) -> RewardModelScorer:
         len(own),
         len(tokenizer),
     )
-    return RewardModelScorer(load_reward_model(path, own), tokenizer=own)
+    return RewardModelScorer(load_reward_model(path, own, trust_remote_code=trust), tokenizer=own)

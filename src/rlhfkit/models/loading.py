@@ -22,6 +22,9 @@ Departures:
   carries, unless the user sets ``RLHFKIT_TRUST_PICKLE=1`` for a source they trust. A local
   path that does not exist, or holds no model, is refused with its name before transformers
   would take it for a hub name.
+- The Python code a model ships for its own architecture or tokenizer (``auto_map``) runs only
+  with ``trust_remote_code=True`` (every training stage's ``trust_remote_code`` option); a
+  model that needs it is otherwise refused with that option named.
 - The head always runs in float32 (hidden states are cast to it), even on a bf16 backbone,
   so small score differences are not lost to rounding; TRL keeps the head in the model dtype.
 
@@ -128,12 +131,21 @@ def _use_safetensors() -> bool | None:
 
 @contextmanager
 def _loading(name_or_path: str | os.PathLike, what: str) -> Iterator[None]:
-    """transformers' OSError (not on the hub, offline, files missing) as a ``UsageError``."""
+    """transformers' OSError (not on the hub, offline, files missing) as a ``UsageError``, and
+    so its refusal to run a model's own code without ``trust_remote_code``."""
     try:
         yield
     except OSError as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise UsageError(f"{what} {str(name_or_path)!r} does not load: {message}") from error
+    except ValueError as error:
+        if "trust_remote_code" not in str(error):
+            raise
+        raise UsageError(
+            f"{what} {str(name_or_path)!r} ships Python code of its own (auto_map in its "
+            "config), which runs only with trust_remote_code: if you trust its source, set "
+            "--trust_remote_code true (trust_remote_code: true in a config file)"
+        ) from error
 
 
 # --------------------------------------------------------------------------- tokenizer & LM
@@ -143,8 +155,10 @@ def load_tokenizer(
     revision: str | None = None,
     gguf_file: str | None = None,
     padding_side: str = "right",
+    trust_remote_code: bool = False,
 ):
-    """Load a tokenizer (hub name or local dir) whose pad token is distinct from its EOS.
+    """Load a tokenizer (hub name or local dir) whose pad token is distinct from its EOS;
+    ``trust_remote_code`` lets a tokenizer class the model ships run.
 
     A missing pad token (or one aliased to EOS) is replaced by a new special ``<|pad|>``;
     every model that reads its ids then needs a row for it (``match_vocabulary``, which
@@ -154,7 +168,11 @@ def load_tokenizer(
         _check_tokenizer_source(name_or_path)
     with _loading(name_or_path, "tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(
-            name_or_path, revision=revision, gguf_file=gguf_file, padding_side=padding_side
+            name_or_path,
+            revision=revision,
+            gguf_file=gguf_file,
+            padding_side=padding_side,
+            trust_remote_code=trust_remote_code,
         )
     if tokenizer.eos_token_id is None:
         raise UsageError(
@@ -173,15 +191,15 @@ def load_tokenizer(
     return tokenizer
 
 
-def saved_tokenizer(name_or_path: str | os.PathLike):
+def saved_tokenizer(name_or_path: str | os.PathLike, trust_remote_code: bool = False):
     """The tokenizer saved with a model (``load_tokenizer``), or None where there is none."""
     path = Path(name_or_path)
     if path.is_dir():
         if not any((path / name).is_file() for name in _TOKENIZER_FILES):
             return None
-        return load_tokenizer(path)
+        return load_tokenizer(path, trust_remote_code=trust_remote_code)
     try:  # a hub name
-        return load_tokenizer(name_or_path)
+        return load_tokenizer(name_or_path, trust_remote_code=trust_remote_code)
     except UsageError:
         return None
 
@@ -518,7 +536,12 @@ def _load_backbone(path_or_name, head_config, *, dtype, revision, trust_remote_c
         # The directory holds only the adapter; the base weights come from where it says.
         base_path = PeftConfig.from_pretrained(path_or_name).base_model_name_or_path
         check_model_source(base_path, "LoRA base model")
-        base = AutoModel.from_pretrained(base_path, dtype=dtype, use_safetensors=_use_safetensors())
+        base = AutoModel.from_pretrained(
+            base_path,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            use_safetensors=_use_safetensors(),
+        )
         base = fuse_gelu(base)
         return PeftModel.from_pretrained(base, path_or_name, revision=revision, is_trainable=True)
     # For a causal LM checkpoint AutoModel keeps the base transformer and drops the LM head.

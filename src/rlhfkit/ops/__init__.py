@@ -24,6 +24,8 @@ from rlhfkit.ops.losses import (
     ppo_policy_loss,
     ppo_value_loss,
     ranking_loss,
+    reward_centering,
+    rpo_loss,
 )
 from rlhfkit.ops.masks import (
     last_token_index,
@@ -59,7 +61,9 @@ __all__ = [
     "ppo_policy_loss",
     "ppo_value_loss",
     "ranking_loss",
+    "reward_centering",
     "rloo_advantages",
+    "rpo_loss",
     "shifted_logprobs",
     "token_logprobs",
     "truncate_after_eos",

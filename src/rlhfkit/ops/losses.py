@@ -7,9 +7,12 @@ Sources, one per function (see each docstring):
   (not in the PPO paper), see Huang et al. 2022, "The N Implementation Details of RLHF with PPO".
 - pairwise reward losses: Ouyang et al. 2022 (InstructGPT) eq. 1, Touvron et al. 2023
   (Llama 2) eq. 2 for the margin, ColossalAI Coati's ``LogExpLoss``.
+- ``reward_centering``: Eisenstein et al. 2023, "Helping or Herding? Reward Model Ensembles
+  Mitigate but do not Eliminate Reward Hacking", eq. 2.
 - ``dpo_loss``: Rafailov et al. 2023 (DPO) eq. 7; Mitchell 2023, "A note on DPO with noisy
   preferences & relationship to IPO" (conservative DPO); Azar et al. 2023, "A General
   Theoretical Paradigm to Understand Learning from Human Preferences" (IPO).
+- ``rpo_loss``: Pang et al. 2024, "Iterative Reasoning Preference Optimization" (DPO + NLL).
 
 Per-token losses take a mask and average over real tokens of the whole batch (``masked_mean``
 with ``dim=None``), as lm-human-preferences and TRL do. Tensors that are targets
@@ -200,6 +203,34 @@ def ranking_loss(scores: torch.Tensor, valid: torch.Tensor | None = None) -> tor
     return masked_mean(per_prompt, pair_valid.any(dim=-1))
 
 
+def reward_centering(scores: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """The centring term of Eisenstein et al. 2023 (eq. 2): mean((r_chosen + r_rejected)^2).
+
+    A pairwise reward loss sees only differences, so the rewards may drift by any offset per
+    prompt; this term, added to the loss with a small weight, pulls the two rewards of each pair
+    to sum to 0, i.e. to be centred. For K > 2 responses it averages (r_i + r_j)^2 over the
+    C(K, 2) pairs of each prompt, then over prompts, weighting each prompt once as
+    ``ranking_loss`` does; for K = 2 that is the paper's term, as TRL's ``RewardTrainer`` adds
+    it (``center_rewards_coefficient``).
+
+    Args:
+        scores: (N, K) reward of each response, best first.
+        valid: (N, K) mask for prompts with fewer than K responses (nonzero = present).
+
+    Returns:
+        A scalar, >= 0.
+    """
+    k = scores.shape[1]
+    first, second = torch.triu_indices(k, k, offset=1, device=scores.device)  # (P,) each
+    squares = (scores[:, first] + scores[:, second]) ** 2  # (N, P)
+    if valid is None:
+        return squares.mean()
+    present = valid != 0
+    pair_valid = present[:, first] & present[:, second]  # (N, P)
+    per_prompt = masked_mean(squares, pair_valid, dim=-1)  # (N,)
+    return masked_mean(per_prompt, pair_valid.any(dim=-1))
+
+
 def _dpo_sigmoid(h: torch.Tensor, beta: float, label_smoothing: float) -> torch.Tensor:
     """DPO, Rafailov et al. 2023 eq. 7: -log sigmoid(beta h)."""
     if label_smoothing != 0:
@@ -269,3 +300,34 @@ def dpo_loss(
     rejected_log_ratio = policy_rejected - ref_rejected.detach()  # (B,)
     losses = DPO_LOSSES[loss_type](chosen_log_ratio - rejected_log_ratio, beta, label_smoothing)
     return losses, beta * chosen_log_ratio.detach(), beta * rejected_log_ratio.detach()
+
+
+def rpo_loss(
+    dpo_losses: torch.Tensor,
+    chosen_logps: torch.Tensor,
+    chosen_tokens: torch.Tensor,
+    alpha: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RPO's loss (Pang et al. 2024): the DPO loss plus ``alpha`` times the negative
+    log-likelihood of the chosen responses, which keeps their likelihood up.
+
+    loss = mean(dpo_losses) + alpha * nll, nll = -sum(chosen_logps) / sum(chosen_tokens):
+    the NLL per token over every chosen token of the batch, as TRL computes it (its
+    ``rpo_alpha``, now ``loss_type=["sigmoid", "sft"]`` with ``loss_weights=[1, alpha]``),
+    so a longer chosen response weighs more; the paper normalises each pair's NLL by that
+    pair's own length.
+
+    Args:
+        dpo_losses: (B,) per-pair losses (``dpo_loss``).
+        chosen_logps: (B,) log-prob of each chosen response, summed over its tokens (EOS
+            included), with gradient.
+        chosen_tokens: (B,) number of tokens of each chosen response.
+        alpha: weight of the NLL term, >= 0.
+
+    Returns:
+        ``(loss, nll)``: the scalar loss and the NLL per token (detached).
+    """
+    if alpha < 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+    nll = -chosen_logps.sum() / chosen_tokens.sum().clamp(min=1)
+    return dpo_losses.mean() + alpha * nll, nll.detach()

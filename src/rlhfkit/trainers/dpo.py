@@ -18,6 +18,10 @@ Details and departures:
   reference every step instead.
 - With LoRA the reference is the policy with its adapter disabled (``lora.reference_mode``).
 - Rankings (K responses best first) are expanded into all K-choose-2 (better, worse) pairs.
+- ``rpo_alpha`` > 0 adds RPO's NLL of the chosen responses (Pang et al. 2024,
+  ``ops.losses.rpo_loss``), per token over the batch's chosen tokens, as TRL does.
+- ``max_prompt_length`` and ``max_response_length`` cut prompt and responses before
+  ``max_length`` applies (``data.encode_comparisons``), as TRL's DPO used to.
 - Dropout is off by default: the implicit reward must be a deterministic function of the
   weights, or step 1 would not start exactly at loss ln 2.
 """
@@ -47,7 +51,7 @@ from rlhfkit.models.loading import (
     load_tokenizer,
 )
 from rlhfkit.models.passes import labelled_logprobs
-from rlhfkit.ops.losses import dpo_loss
+from rlhfkit.ops.losses import dpo_loss, rpo_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
 from rlhfkit.trainers.dpo_config import DPOConfig
 from rlhfkit.trainers.loop import Batch, epoch_order
@@ -96,9 +100,21 @@ def sequence_logps(model: nn.Module, batch: Batch, average: bool = False) -> tor
     Returns:
         (R,) float32 log-probs, one per row of ``batch["input_ids"]``.
     """
+    return sequence_logps_and_lengths(model, batch, average)[0]
+
+
+def sequence_logps_and_lengths(
+    model: nn.Module, batch: Batch, average: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``sequence_logps``, with each row's summed log-prob and its number of response tokens.
+
+    Returns:
+        (R,) log-probs (sums, or means with ``average``), (R,) sums, (R,) token counts.
+    """
     logprobs, mask = labelled_logprobs(model, batch)  # (R, K) each
-    reduce = masked_mean if average else masked_sum
-    return reduce(logprobs, mask, dim=1)
+    sums = masked_sum(logprobs, mask, dim=1)  # (R,)
+    logps = masked_mean(logprobs, mask, dim=1) if average else sums
+    return logps, sums, mask.sum(dim=1)
 
 
 class DPOTrainer(PolicyTrainer):
@@ -208,11 +224,16 @@ class DPOTrainer(PolicyTrainer):
         return [DPOPair(p.example, ref) for p, ref in zip(pairs, logps, strict=True)]
 
     # ----------------------------------------------------------------- loss
-    def pair_losses(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Per-pair losses (N,) and per-pair statistics of one batch (one policy forward)."""
+    def pair_losses(
+        self, batch: Batch
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """Per-pair DPO losses (N,) and per-pair statistics of one batch (one policy forward),
+        and each chosen response's summed log-prob (with gradient) and token count, (N,) each,
+        for RPO's term (`objective`)."""
         cfg = self.config
         n = batch["pair_count"]
-        logps = sequence_logps(self.model, batch, average=cfg.loss_type == "ipo")  # (2N,)
+        average = cfg.loss_type == "ipo"
+        logps, sums, lengths = sequence_logps_and_lengths(self.model, batch, average)  # (2N,)
         ref = batch["ref_logps"] if "ref_logps" in batch else self.reference_logps(batch)
         losses, chosen_rewards, rejected_rewards = dpo_loss(
             logps[:n], logps[n:], ref[:n], ref[n:], cfg.beta, cfg.loss_type, cfg.label_smoothing
@@ -225,30 +246,63 @@ class DPOTrainer(PolicyTrainer):
             "logps_chosen": logps[:n].detach(),
             "logps_rejected": logps[n:].detach(),
         }
-        return losses, stats
+        return losses, stats, (sums[:n], lengths[:n])
+
+    def objective(
+        self, losses: torch.Tensor, chosen_logps: torch.Tensor, chosen_tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss to minimise over pairs: the mean DPO loss or, with ``rpo_alpha``, RPO's
+        (``ops.losses.rpo_loss``); and what to log besides the pairs' statistics."""
+        alpha = self.config.rpo_alpha
+        if alpha == 0:
+            return losses.mean(), {}
+        loss, nll = rpo_loss(losses, chosen_logps, chosen_tokens, alpha)
+        return loss, {"dpo_loss": losses.detach().mean(), "nll_chosen": nll}
 
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
-        losses, stats = self.pair_losses(batch)
-        return losses.mean(), {key: value.mean() for key, value in stats.items()}
+        losses, stats, chosen = self.pair_losses(batch)
+        loss, extra = self.objective(losses, *chosen)
+        return loss, {**{key: value.mean() for key, value in stats.items()}, **extra}
 
     def evaluate(self) -> dict[str, float]:
-        """Loss, preference accuracy, implicit rewards and log-probs over the eval pairs."""
+        """Loss, preference accuracy, implicit rewards and log-probs over the eval pairs (with
+        ``rpo_alpha``: RPO's loss, its NLL per token over every chosen token of the set)."""
         if not self.eval_pairs:
             return {}
         sums: dict[str, float] = {}
+        chosen_logps, chosen_tokens = 0.0, 0
         for batch in self.eval_batches(self.eval_pairs, self.collate_fn):
             with self.runtime.autocast():
-                losses, stats = self.pair_losses(batch)
+                losses, stats, (logps, tokens) = self.pair_losses(batch)
             for key, value in {"loss": losses, **stats}.items():
                 sums[key] = sums.get(key, 0.0) + float(value.float().sum())
-        return {key: total / len(self.eval_pairs) for key, total in sums.items()}
+            chosen_logps += float(logps.float().sum())
+            chosen_tokens += int(tokens.sum())
+        means = {key: total / len(self.eval_pairs) for key, total in sums.items()}
+        if self.config.rpo_alpha == 0:
+            return means
+        # The whole set as one batch: its mean DPO loss and its chosen tokens' totals.
+        loss, extra = self.objective(
+            torch.tensor([means["loss"]]),
+            torch.tensor([chosen_logps]),
+            torch.tensor([chosen_tokens]),
+        )
+        return {**means, "loss": float(loss), **{key: float(v) for key, v in extra.items()}}
 
 
 def load_pairs(
     config: DPOConfig, source: str, split: str, tokenizer: Any, limit: int | None
 ) -> list[DPOPair]:
     """Comparisons from ``source`` as tokenised `DPOPair`s (see `preference_pairs`)."""
-    examples = load_preferences(source, tokenizer, config, split, limit)
+    examples = load_preferences(
+        source,
+        tokenizer,
+        config,
+        split,
+        limit,
+        max_prompt_length=config.max_prompt_length,
+        max_response_length=config.max_response_length,
+    )
     return preference_pairs(examples)
 
 
@@ -259,7 +313,8 @@ def run_dpo(config: DPOConfig) -> Path:
         logger.info("%s is already complete; nothing to do", config.output_dir)
         return config.final_dir
     check_model_source(config.model)  # a look at the directory, before reading any data
-    tokenizer = load_tokenizer(config.model)
+    trust = config.trust_remote_code
+    tokenizer = load_tokenizer(config.model, trust_remote_code=trust)
     # The data first: a data error stops the run before any model is loaded.
     train = load_pairs(
         config, config.train_data, config.train_split, tokenizer, config.max_train_samples
@@ -270,9 +325,9 @@ def run_dpo(config: DPOConfig) -> Path:
             config, config.eval_data, config.eval_split, tokenizer, config.max_eval_samples
         )
     set_seed(config.seed)
-    model = load_causal_lm(config.model, tokenizer=tokenizer)
+    model = load_causal_lm(config.model, tokenizer=tokenizer, trust_remote_code=trust)
     reference = None
     if config.reference:
-        reference = load_reference(config.reference, tokenizer=tokenizer)
+        reference = load_reference(config.reference, tokenizer=tokenizer, trust_remote_code=trust)
     DPOTrainer(config, model, tokenizer, train, evals, reference=reference).train()
     return config.final_dir

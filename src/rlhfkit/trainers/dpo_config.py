@@ -31,6 +31,16 @@ class DPOConfig(DataOptions, LoRAOptions, TrainConfig):
     precompute_reference: bool = True
     """Compute reference log-probs once over the data before training and free the reference
     model (saves its memory and a forward per step); False runs the reference every step."""
+    rpo_alpha: float = 0.0
+    """Weight of RPO's NLL term (Pang et al. 2024): the loss is the DPO loss plus rpo_alpha
+    times the negative log-likelihood per token of the chosen responses, which keeps their
+    likelihood from falling (the paper uses 1); 0 is plain DPO."""
+    max_prompt_length: int | None = None
+    """Cut each prompt to its last this many tokens before `max_length` applies; None leaves
+    the prompt to `max_length` alone."""
+    max_response_length: int | None = None
+    """Cut each response to its first this many tokens before `max_length` applies; None
+    leaves the responses to `max_length` alone."""
     disable_dropout: bool = True
     """Set every dropout to 0 in policy and reference (as TRL's DPO does): with dropout the
     implicit rewards are noisy and step 1 would not start at the reference."""
@@ -40,6 +50,10 @@ class DPOConfig(DataOptions, LoRAOptions, TrainConfig):
         self._check_data()
         self._check_lora()
         require(self, "beta", 0 < self.beta < math.inf, "a number > 0")
+        require(self, "rpo_alpha", 0 <= self.rpo_alpha < math.inf, "a number >= 0 (0 = DPO)")
+        for name in ("max_prompt_length", "max_response_length"):
+            value = getattr(self, name)
+            require(self, name, value is None or value >= 1, "None or an integer >= 1")
         if self.loss_type == "conservative":
             ok, allowed = 0 < self.label_smoothing < 0.5, "a number in (0, 0.5) for cDPO"
         else:

@@ -275,7 +275,8 @@ def run_grpo(config: GRPOConfig) -> Path:
     if config.resume and ckpt.is_complete(config.output_dir):
         logger.info("%s is already complete; nothing to do", config.output_dir)
         return config.final_dir
-    tokenizer = load_tokenizer(config.model)
+    trust = config.trust_remote_code
+    tokenizer = load_tokenizer(config.model, trust_remote_code=trust)
     # The data first: a data error stops the run before any model is loaded.
     length = config.max_prompt_length
     template = config.chat_template
@@ -298,12 +299,16 @@ def run_grpo(config: GRPOConfig) -> Path:
             chat_template=template,
         )
     set_seed(config.seed)
-    model = load_causal_lm(config.model, tokenizer=tokenizer)
+    model = load_causal_lm(config.model, tokenizer=tokenizer, trust_remote_code=trust)
     reference = None
     if config.reference and config.beta > 0:
-        reference = load_causal_lm(config.reference, tokenizer=tokenizer)
+        reference = load_causal_lm(config.reference, tokenizer=tokenizer, trust_remote_code=trust)
     scorer = build_scorer(
-        config.reward_model, config.reward_functions, config.reward_weights, tokenizer=tokenizer
+        config.reward_model,
+        config.reward_functions,
+        config.reward_weights,
+        tokenizer=tokenizer,
+        trust_remote_code=trust,
     )
     trainer = GRPOTrainer(
         config, model, tokenizer, prompts, scorer, eval_prompts, reference=reference

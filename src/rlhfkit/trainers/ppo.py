@@ -402,7 +402,8 @@ class PPOTrainer(Trainer):
     def from_config(cls, config: PPOConfig) -> PPOTrainer:
         """Load tokenizer, data, models and scorer as ``config`` says (the data first: a data
         error stops the run before any model is loaded)."""
-        tokenizer = load_tokenizer(config.model, padding_side="left")
+        trust = config.trust_remote_code
+        tokenizer = load_tokenizer(config.model, padding_side="left", trust_remote_code=trust)
         template = config.chat_template
         prompts = load_prompts(
             config.train_data,
@@ -429,13 +430,18 @@ class PPOTrainer(Trainer):
         set_seed(config.seed)  # a value head's initial weights
         critic = config.critic_start(tokenizer)
         models = load_rollout_models(
-            config.model, tokenizer, critic=critic, lora=config.lora_settings
+            config.model,
+            tokenizer,
+            critic=critic,
+            lora=config.lora_settings,
+            trust_remote_code=trust,
         )
         scorer = build_scorer(
             config.reward_model,
             config.reward_functions,
             config.reward_weights,
             tokenizer=tokenizer,
+            trust_remote_code=trust,
         )
         return cls(
             config,

@@ -168,7 +168,7 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
         start = self.critic_model or self.reward_model or self.model
         if start == self.model:
             return start
-        own = saved_tokenizer(start)
+        own = saved_tokenizer(start, trust_remote_code=self.trust_remote_code)
         if own is not None and not same_tokenizer(own, tokenizer):
             field = "critic_model" if self.critic_model else "reward_model"
             raise UsageError(

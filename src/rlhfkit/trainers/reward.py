@@ -11,6 +11,10 @@ table. Loss, by batch content:
   each prompt weighted once (`ops.losses.ranking_loss`; pairs in the same batch count as
   prompts with K = 2). The margin and the log-exp form do not apply there.
 
+With `center_rewards_coef` > 0 the centring term of Eisenstein et al. 2023
+(`ops.losses.reward_centering`, TRL's `center_rewards_coefficient`) is added with that
+weight. Dropout is off by default (`disable_dropout`), as in TRL's RewardTrainer.
+
 Evaluation: pairwise accuracy and mean margin over every (better, worse) pair, plus for K > 2
 data the ranking accuracy (share of a ranking's pairs ordered right) and the share of rankings
 reproduced exactly. Optional InstructGPT normalisation: after training, the head's bias is
@@ -50,10 +54,20 @@ from rlhfkit.data import (
     load_records,
     ranked_scores,
 )
-from rlhfkit.models.loading import RewardModel, check_model_source, load_tokenizer
+from rlhfkit.models.loading import (
+    RewardModel,
+    check_model_source,
+    disable_dropout,
+    load_tokenizer,
+)
 from rlhfkit.models.lora import add_lora, merged_copy
 from rlhfkit.models.reward_format import bias_is_portable
-from rlhfkit.ops.losses import pairwise_logexp_loss, pairwise_logsigmoid_loss, ranking_loss
+from rlhfkit.ops.losses import (
+    pairwise_logexp_loss,
+    pairwise_logsigmoid_loss,
+    ranking_loss,
+    reward_centering,
+)
 from rlhfkit.trainers.loop import Batch, Trainer
 
 logger = logging.getLogger(__name__)
@@ -101,17 +115,26 @@ def ranking_metrics(scores: torch.Tensor, valid: torch.Tensor) -> dict[str, floa
 
 
 def preference_loss(
-    table: torch.Tensor, valid: torch.Tensor, loss: str = "logsigmoid", margin: float | None = None
+    table: torch.Tensor,
+    valid: torch.Tensor,
+    loss: str = "logsigmoid",
+    margin: float | None = None,
+    center_coef: float = 0.0,
 ) -> torch.Tensor:
     """The pairwise `loss` ("logsigmoid" with optional `margin`, or "logexp") when the batch
-    holds only pairs (K = 2), else InstructGPT's K-way ranking loss over the (N, K) table."""
-    if table.shape[1] > 2:
-        return ranking_loss(table, valid)
+    holds only pairs (K = 2), else InstructGPT's K-way ranking loss over the (N, K) table;
+    plus `center_coef` times the centring term (`reward_centering`) when it is > 0."""
     chosen, rejected = table[:, 0], table[:, 1]  # (N,) each
-    if loss == "logexp":
-        return pairwise_logexp_loss(chosen, rejected)
-    margins = None if margin is None else torch.full_like(chosen, margin)
-    return pairwise_logsigmoid_loss(chosen, rejected, margins)
+    if table.shape[1] > 2:
+        fit = ranking_loss(table, valid)
+    elif loss == "logexp":
+        fit = pairwise_logexp_loss(chosen, rejected)
+    else:
+        margins = None if margin is None else torch.full_like(chosen, margin)
+        fit = pairwise_logsigmoid_loss(chosen, rejected, margins)
+    if center_coef == 0:
+        return fit
+    return fit + center_coef * reward_centering(table, valid)
 
 
 class RewardTrainer(Trainer):
@@ -134,6 +157,8 @@ class RewardTrainer(Trainer):
         self.collate = PairCollator(pad_id=tokenizer.pad_token_id)
         model.config.pad_token_id = tokenizer.pad_token_id  # where transformers reads the score
         portable = bias_is_portable(model.backbone)
+        if config.disable_dropout:
+            disable_dropout(model)
         if config.lora:  # adapters on the backbone; the score head trains in full
             model = add_lora(model, **config.lora_settings)
         if not portable:  # a bias the standard format cannot carry (reward_format) stays put
@@ -148,11 +173,14 @@ class RewardTrainer(Trainer):
         return ranked_scores(scores.float(), batch["group"], batch["rank"])
 
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
+        cfg = self.config
         table, valid = self.score_table(batch)
-        loss = preference_loss(table, valid, self.config.loss, self.config.margin)
+        loss = preference_loss(table, valid, cfg.loss, cfg.margin, cfg.center_rewards_coef)
         with torch.no_grad():
             metrics = ranking_metrics(table, valid)
             metrics["score_best"] = table[:, 0].mean().item()
+            if cfg.center_rewards_coef > 0:
+                metrics["centering"] = reward_centering(table, valid).item()
         return loss, metrics
 
     def evaluate(self) -> dict[str, float]:
@@ -201,10 +229,17 @@ class RewardTrainer(Trainer):
 
 
 def load_preferences(
-    source: str, tokenizer: Any, config: TrainConfig, split: str, limit: int | None
+    source: str,
+    tokenizer: Any,
+    config: TrainConfig,
+    split: str,
+    limit: int | None,
+    *,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
 ) -> list[PreferenceExample]:
-    """Comparisons or rankings of `source`, tokenised (truncation is logged by `rlhfkit.data`);
-    the reward model's and DPO's data alike."""
+    """Comparisons or rankings of `source`, tokenised (truncation is logged by `rlhfkit.data`;
+    the length limits as in `encode_comparisons`); the reward model's and DPO's data alike."""
     records = load_records(
         source,
         "comparisons",
@@ -214,7 +249,12 @@ def load_preferences(
         degenerate_comparisons=config.degenerate_comparisons,
     )
     examples, _ = encode_comparisons(
-        records, tokenizer, config.max_length, chat_template=config.chat_template
+        records,
+        tokenizer,
+        config.max_length,
+        max_prompt_length=max_prompt_length,
+        max_response_length=max_response_length,
+        chat_template=config.chat_template,
     )
     return examples
 
@@ -225,7 +265,7 @@ def run_reward(config: RewardConfig) -> Path:
         logger.info("%s is already complete; nothing to do", config.output_dir)
         return config.final_dir
     check_model_source(config.model)  # a look at the directory, before reading any data
-    tokenizer = load_tokenizer(config.model)
+    tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
     # The data first: a data error stops the run before any model is loaded.
     train = load_preferences(
         config.train_data, tokenizer, config, config.train_split, config.max_train_samples
@@ -241,7 +281,9 @@ def run_reward(config: RewardConfig) -> Path:
             records, tokenizer, config.max_length, chat_template=config.chat_template
         )
     set_seed(config.seed)  # the new head's initial weights
-    model = RewardModel.from_pretrained(config.model, tokenizer=tokenizer)
+    model = RewardModel.from_pretrained(
+        config.model, tokenizer=tokenizer, trust_remote_code=config.trust_remote_code
+    )
     trainer = RewardTrainer(
         config, model, tokenizer, train, evaluation, normalize_examples=normalize
     )

@@ -108,7 +108,7 @@ def run_sft(config: SFTConfig) -> Path:
         logger.info("%s is already complete; nothing to do", config.output_dir)
         return config.final_dir
     check_model_source(config.model)  # a look at the directory, before reading any data
-    tokenizer = load_tokenizer(config.model)
+    tokenizer = load_tokenizer(config.model, trust_remote_code=config.trust_remote_code)
     # The data first: a data error stops the run before any model is loaded.
     train = load_demonstrations(
         config.train_data, tokenizer, config, config.train_split, config.max_train_samples
@@ -119,6 +119,8 @@ def run_sft(config: SFTConfig) -> Path:
             config.eval_data, tokenizer, config, config.eval_split, config.max_eval_samples
         )
     set_seed(config.seed)
-    model = load_causal_lm(config.model, tokenizer=tokenizer)
+    model = load_causal_lm(
+        config.model, tokenizer=tokenizer, trust_remote_code=config.trust_remote_code
+    )
     SFTTrainer(config, model, tokenizer, train, evaluation).train()
     return config.final_dir
