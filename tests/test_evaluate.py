@@ -167,6 +167,34 @@ def test_reward_model_accuracy_against_labels_and_gold(tiny_tokenizer):
     assert result["label_gold_agreement"] == 0.5
 
 
+def test_reward_model_accuracy_per_part_of_the_gold_score(tiny_tokenizer):
+    from rlhfkit.tasks import Breakdown
+
+    records = [
+        Comparison("short A", " one two three four five.", " one."),  # model right
+        Comparison("short B", " one.", " one two three four five six."),  # model wrong
+        Comparison("long A", " a b c d e f g.", " a b."),  # model right
+    ]
+
+    def gold_fn(prompts, responses):
+        return [
+            float(len(r)) if "B" not in p else -float(len(r)) for p, r in zip(prompts, responses)
+        ]
+
+    def parts(prompt, response):
+        return {"short": True} if prompt.startswith("short") else {"long": True, "both": True}
+
+    result = reward_model_accuracy(
+        _LengthReward(), tiny_tokenizer, records, gold_fn, breakdown=Breakdown(parts)
+    )
+    assert result["accuracy_gold"] == pytest.approx(2 / 3)
+    by_part = result["by_part"]
+    assert list(by_part) == ["both", "long", "short"]
+    assert by_part["short"]["gold_pairs"] == 2 and by_part["short"]["accuracy_gold"] == 0.5
+    assert by_part["long"]["accuracy_gold"] == 1.0 and by_part["both"]["gold_pairs"] == 1
+    assert "by_part" not in reward_model_accuracy(_LengthReward(), tiny_tokenizer, records, gold_fn)
+
+
 def test_evaluate_end_to_end(tmp_path, tiny_model_dir, tiny_model, tiny_tokenizer):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS * 2))

@@ -42,7 +42,7 @@ from rlhfkit.models.loading import (
     model_device,
 )
 from rlhfkit.runtime.machine import Runtime
-from rlhfkit.tasks import BREAKDOWNS, DEMO_DATA_DIR, REWARD_FUNCTIONS
+from rlhfkit.tasks import BREAKDOWNS, DEMO_DATA_DIR, REWARD_FUNCTIONS, Breakdown
 
 logger = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ class _Setup:
     reference: nn.Module
     runtime: Runtime
     common: dict[str, Any]  # reward, gold, seed, batch_size, runtime for evaluate_policy
+    breakdown: Breakdown | None  # the parts of the task's gold score, where it has some
 
     @classmethod
     def load(cls, config: EvalConfig) -> _Setup:
@@ -187,7 +188,8 @@ class _Setup:
         }
         sampling = SamplingConfig(config.max_new_tokens, config.temperature)
         reference = _load_lm(config.reference, tokenizer, device)
-        return cls(tokenizer, prompts, sampling, rm, reference, runtime, common)
+        breakdown = BREAKDOWNS.get(config.task)
+        return cls(tokenizer, prompts, sampling, rm, reference, runtime, common, breakdown)
 
     def run(self, model: nn.Module) -> PolicySamples:
         """Samples of ``model`` on the prompts, scored, with their KL to the reference."""
@@ -222,8 +224,7 @@ def evaluate(config: EvalConfig) -> list[dict]:
 def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -> list[dict]:
     named = _evaluate_models(config, setup)
     baseline = named.pop(None)
-    breakdown = BREAKDOWNS.get(config.task)
-    parts = pass_rates(named, breakdown) if breakdown is not None else None
+    parts = pass_rates(named, setup.breakdown) if setup.breakdown is not None else None
     size = len(setup.prompts)
     table = [
         {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": size}
@@ -250,7 +251,12 @@ def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -
         rm = setup.reward_model  # its own tokenizer, if it has one: comparisons are texts
         tokenizer = rm.tokenizer or setup.tokenizer
         accuracy = reward_model_accuracy(
-            rm.model, tokenizer, comparisons, gold_fn, max_length=config.max_length
+            rm.model,
+            tokenizer,
+            comparisons,
+            gold_fn,
+            max_length=config.max_length,
+            breakdown=setup.breakdown,
         )
     result = {
         "rows": table,

@@ -268,32 +268,50 @@ def reward_model_accuracy(
     *,
     max_length: int = 256,
     batch_size: int = 32,
-) -> dict[str, float]:
+    breakdown: Breakdown | None = None,
+) -> dict[str, Any]:
     """Pairwise accuracy of a reward model on held-out comparisons or rankings (all pairs).
 
     ``accuracy``: share of the labels' (better, worse) pairs that the model orders the same
     way. With ``gold_fn(prompts, responses)``: ``accuracy_gold`` against the gold judge's
     order and ``label_gold_agreement`` of the labels themselves (pairs the judge ties skipped).
+    With a task's ``breakdown`` too, ``by_part``: those counted again for every part (a
+    constraint kind) the record's prompt asks for, to see what the reward model has learnt.
     """
     model.eval()
     device = model_device(model)
     examples, _ = encode_comparisons(records, tokenizer, max_length)
     collate = PairCollator(tokenizer.pad_token_id)
-    counts = {"pairs": 0, "correct": 0, "gold_pairs": 0, "gold_correct": 0, "label_agree": 0}
+    counts = _pair_counts()
+    by_part: dict[str, dict[str, int]] = {}
     for start in range(0, len(examples), batch_size):
         batch = collate(examples[start : start + batch_size])
         scores = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (R,)
         table, _ = ranked_scores(scores.float().cpu(), batch["group"], batch["rank"])  # (n, K)
         for record, row in zip(records[start : start + batch_size], table.tolist(), strict=True):
-            golds = None
-            if gold_fn is not None:
-                golds = gold_fn(
-                    [_prompt_text(record.prompt)] * len(record.best_first), record.best_first
-                )
-            _count_pairs(counts, row[: len(record.best_first)], golds)
+            prompt, responses = _prompt_text(record.prompt), record.best_first
+            golds = None if gold_fn is None else gold_fn([prompt] * len(responses), responses)
+            scored = row[: len(responses)]
+            _count_pairs(counts, scored, golds)
+            if breakdown is not None and golds is not None:
+                for part in breakdown.parts(prompt, responses[0]):
+                    _count_pairs(by_part.setdefault(part, _pair_counts()), scored, golds)
+    result = _accuracies(counts, gold_fn is not None)
+    if by_part:
+        result["by_part"] = {p: _accuracies(c, True) for p, c in sorted(by_part.items())}
+    return result
+
+
+def _pair_counts() -> dict[str, int]:
+    return {"pairs": 0, "correct": 0, "gold_pairs": 0, "gold_correct": 0, "label_agree": 0}
+
+
+def _accuracies(counts: dict[str, int], gold: bool) -> dict[str, Any]:
+    """The shares ``reward_model_accuracy`` reports, from its counts."""
     result = {"pairs": counts["pairs"], "accuracy": counts["correct"] / max(counts["pairs"], 1)}
-    if gold_fn is not None:
+    if gold:
         gold_pairs = max(counts["gold_pairs"], 1)
+        result["gold_pairs"] = counts["gold_pairs"]
         result["accuracy_gold"] = counts["gold_correct"] / gold_pairs
         result["label_gold_agreement"] = counts["label_agree"] / gold_pairs
     return result

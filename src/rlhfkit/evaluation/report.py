@@ -202,6 +202,18 @@ def _reward_model_lines(accuracy: Mapping[str, float] | None) -> list[str]:
             f"- the labels themselves agree with the gold order: "
             f"{accuracy['label_gold_agreement']:.3f} (simulated labeller noise)",
         ]
+    if accuracy.get("by_part"):
+        rows = [
+            {"part": part, "pairs": a["gold_pairs"], "accuracy_gold": a["accuracy_gold"]}
+            for part, a in accuracy["by_part"].items()
+        ]
+        lines += [
+            "",
+            "Against the gold order, per part of the gold score the comparison's prompt asks "
+            "for (pairs the gold judge ties left out):",
+            "",
+            format_table(rows),
+        ]
     return lines
 
 
