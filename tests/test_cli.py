@@ -10,9 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.cli import COMMANDS, main
-from rlhfkit.config import RewardConfig
+from rlhfkit.cli import COMMANDS, main, parse_command
+from rlhfkit.config import ConfigError, RewardConfig, check_section_keys
 from rlhfkit.models.loading import RewardModel
+from rlhfkit.trainers.ppo_config import PPOConfig
 
 
 def test_top_level_help_lists_commands(capsys):
@@ -114,6 +115,31 @@ def test_a_trl_option_name_is_refused_naming_ours(capsys, command, trl_flag, our
     assert f"did you mean {ours}?" in err and "Traceback" not in err
 
 
+def test_a_misspelt_option_is_refused_naming_the_one_meant(capsys):
+    assert main(["sft", "--learning_rat", "1e-4"]) == 2
+    err = capsys.readouterr().err
+    assert "unrecognized option --learning_rat; did you mean --learning_rate?" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv", [["--learning", "1e-4"], ["--warmup=2"]])
+def test_no_option_is_taken_for_an_abbreviation_of_another(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_command("sft", argv)
+    assert exit_info.value.code == 2
+    assert f"unrecognized arguments: {argv[0].split('=')[0]}" in capsys.readouterr().err
+
+
+def test_a_pipeline_section_key_gets_the_commands_did_you_mean():
+    check_section_keys(PPOConfig, "ppo", ["max_steps", "learning_rate"])
+    with pytest.raises(ConfigError, match="PipelineConfig.ppo: unrecognized key 'iterations' "):
+        check_section_keys(PPOConfig, "ppo", ["iterations"])
+    with pytest.raises(ConfigError, match=r"round_reward: .*did you mean --batch_size\?"):
+        check_section_keys(RewardConfig, "round_reward", ["per_device_train_batch_size"])
+    with pytest.raises(ConfigError, match="did you mean --learning_rate"):
+        check_section_keys(PPOConfig, "round_ppo", ["learning_rat"])
+
+
 def test_a_trl_name_for_an_option_the_command_lacks_is_a_plain_unknown_option(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["sft", "--num_ppo_epochs", "2"])
@@ -130,6 +156,8 @@ def test_a_trl_name_for_an_option_the_command_lacks_is_a_plain_unknown_option(ca
         (["bon", "--scorer", "runs/rm/final"], "--scorer", "--reward_model DIR (a reward model)"),
         (["bon", "--out", "picks.jsonl"], "--out", "--output"),
         (["sft", "--tensorboard", "false"], "--tensorboard", "--report_to tensorboard, or"),
+        (["ppo", "--iterations", "3"], "--iterations", "--max_steps (the PPO/GRPO iterations"),
+        (["grpo", "--iterations=3"], "--iterations", "--max_steps"),
     ],
 )
 def test_a_former_option_name_is_refused_naming_the_new_one(capsys, argv, flag, ours):

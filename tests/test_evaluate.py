@@ -178,7 +178,8 @@ def test_reward_model_accuracy_per_part_of_the_gold_score(tiny_tokenizer):
 
     def gold_fn(prompts, responses):
         return [
-            float(len(r)) if "B" not in p else -float(len(r)) for p, r in zip(prompts, responses)
+            float(len(r)) if "B" not in p else -float(len(r))
+            for p, r in zip(prompts, responses, strict=True)
         ]
 
     def parts(prompt, response):

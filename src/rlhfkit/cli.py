@@ -15,7 +15,8 @@ answers without loading torch. Options come from jsonargparse: a YAML file (`--c
 `--field value` overrides, then the dataclass's own checks (`ConfigError` names the field). One
 value for a list field is a list of one (`--report_to wandb`); a TRL option name stops with
 rlhfkit's answer to it (`trl_names`: "did you mean" ours, or why there is none and what to do
-instead), and so does a name rlhfkit used before (`OLD_NAMES`).
+instead), and so does a name rlhfkit used before (`config.OLD_NAMES`) or a misspelt one; no
+option is ever taken for an abbreviation of another.
 
 One error path: a failure is one paragraph on stderr (what, where, what is allowed, what to do)
 and an exit code, 2 for what the user gave (an option, a config value, a data file, a model
@@ -40,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhfkit import trl_names
 from rlhfkit.errors import RunError, UsageError
 from rlhfkit.text import terminal_text
 
@@ -182,6 +182,7 @@ def _group_parser(group: str) -> argparse.ArgumentParser:
     """The `rlhfkit <group> --help` listing (each command parses its own options)."""
     parser = argparse.ArgumentParser(
         prog=f"rlhfkit {group}",
+        allow_abbrev=False,
         description=GROUPS[group],
         epilog=f"`rlhfkit {group} <command> --help` documents every option of a command.",
     )
@@ -196,6 +197,7 @@ def _top_parser() -> argparse.ArgumentParser:
     """The `rlhfkit --help` listing (each command parses its own options)."""
     parser = argparse.ArgumentParser(
         prog="rlhfkit",
+        allow_abbrev=False,
         description="RLHF on Hugging Face causal LMs: SFT, reward model, PPO, DPO and more.",
         epilog="`rlhfkit <command> --help` documents every option of a command.",
     )
@@ -225,53 +227,16 @@ def _top_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_SCORER = (
-    "--reward_model DIR (a reward model) or --reward_functions NAME (digits, gold, sentiment, "
-    "perplexity, perplexity:PATH or module:function)"
-)
-
-# rlhfkit's own former names of options -> (our field, what to write); refused as TRL's are.
-OLD_NAMES = {
-    "reward": ("reward_functions", _SCORER),
-    "scorer": ("reward_functions", _SCORER),
-    "tensorboard": ("report_to", "--report_to tensorboard, or --report_to none"),
-    "out": ("output", "--output"),
-}
-
-
 def _refuse_other_spellings(name: str, args: Sequence[str], fields: set[str]) -> None:
-    """A TRL option name, or a former one of ours, given as an option or as a key of a
-    `--config` file, that this command does not take under that name: a usage error with
-    rlhfkit's answer (`_trl_answer`), or naming our name for a former one."""
-    listing = f"`rlhfkit {name} --help` lists every option"
+    """A name given as an option or as a key of a `--config` file that this command does not
+    take under that name: TRL's, a former one of ours, or a misspelling of one of `fields`
+    stops with a usage error saying what to write (`config.spelling_problem`)."""
+    from rlhfkit.config import spelling_problem
+
     for given, where in _given_names(args):
-        key = given.replace("-", "_")
-        if given in fields or key in fields:
-            continue
-        trl = _trl_answer(name, key, fields)
-        if trl is not None and trl.kind == "ours":
-            note = f" ({trl.note})" if trl.note else ""
-            raise UsageError(
-                f"unrecognized {where} (TRL's name); did you mean {trl.spelling}?{note} {listing}"
-            )
-        if trl is not None and trl.kind == "missing":
-            raise UsageError(
-                f"unrecognized {where} (TRL's name), not an option of rlhfkit {name}: "
-                f"{trl.note}. {listing}; docs/trl_options.md answers every TRL option"
-            )
-        ours = OLD_NAMES.get(key)
-        if ours is not None and ours[0] in fields:
-            raise UsageError(
-                f"unrecognized {where} (a former name); did you mean {ours[1]}? {listing}"
-            )
-
-
-def _trl_answer(name: str, key: str, fields: set[str]) -> trl_names.Answer | None:
-    """rlhfkit's answer to TRL's option `key` in command `name`: its TRL counterpart's table
-    for a training stage; for another command, a name of ours that it has (`fields`)."""
-    if name in trl_names.STAGES:
-        return trl_names.answer(name, key)
-    return next((a for a in trl_names.renamed(key) if a.field in fields), None)
+        problem = spelling_problem(name, given, where, fields)
+        if problem is not None:
+            raise UsageError(problem)
 
 
 def _given_names(args: Sequence[str]) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ in Python, `SFTConfig(model=..., train_data=...)` works the same way.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import typing
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from rlhfkit import trl_names
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.tracking import report_to_problem
 
@@ -136,6 +138,10 @@ class TrainConfig:
     over and deletes earlier checkpoints there."""
     mixed_precision: Literal["no", "bf16"] = "no"
     """Autocast precision: 'no' (fp32) or 'bf16'."""
+    skip_nonfinite_steps: int = 0
+    """Skip up to this many steps whose loss or gradient norm is NaN or inf (counted in the
+    metrics as train/skipped_steps) instead of stopping the run: a skipped step changes neither
+    the weights nor the optimiser state nor the learning-rate schedule. 0 stops at the first."""
     cpu: bool = False
     """Train on the CPU even if an accelerator is available."""
     gradient_checkpointing: bool = False
@@ -179,6 +185,7 @@ class TrainConfig:
         require(self, "adam_epsilon", self.adam_epsilon > 0, "a number > 0")
         require(self, "max_grad_norm", self.max_grad_norm >= 0, "a number >= 0 (0 = no clipping)")
         require(self, "warmup_steps", self.warmup_steps >= 0, "an integer >= 0")
+        require(self, "skip_nonfinite_steps", self.skip_nonfinite_steps >= 0, "an integer >= 0")
         require(self, "warmup_ratio", 0 <= self.warmup_ratio < 1, "a number in [0, 1)")
         require(
             self,
@@ -342,10 +349,11 @@ class RewardOptions:
     reward_model: str | None = None
     """Reward model directory (from `rlhfkit rm`); None if only reward functions score."""
     reward_functions: list[str] = dataclasses.field(default_factory=list)
-    """Reward functions by name: digits, gold, sentiment (the bundled tasks), perplexity
-    (under the policy), perplexity:PATH (under the causal LM at PATH), or module:function, a
-    Python `f(prompts, responses) -> list[float]` (imported and run: name only code you trust).
-    One name on the command line is a list of one: `--reward_functions gold`."""
+    """Reward functions by name: digits, gold, instructions, sentiment (the bundled tasks),
+    perplexity (under the policy), perplexity:PATH (under the causal LM at PATH), or
+    module:function, a Python `f(prompts, responses) -> list[float]` (imported and run: name
+    only code you trust). One name on the command line is a list of one:
+    `--reward_functions gold`."""
     reward_weights: list[float] | None = None
     """Weights of [reward_model, *reward_functions] in the total score; None = all 1."""
 
@@ -467,7 +475,8 @@ def config_parser(cls: type[TrainConfig], **parser_kwargs: Any):
 
     # Field docstrings (the string under each field) become the `--help` texts.
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(description=cls.__doc__, **parser_kwargs)
+    # No abbreviations: a misspelt option would otherwise set the field it abbreviates.
+    parser = ArgumentParser(description=cls.__doc__, allow_abbrev=False, **parser_kwargs)
     parser.add_argument("--config", action=ActionConfigFile, help="YAML file with field values.")
     parser.add_class_arguments(cls, nested_key=None, fail_untyped=True)
     return parser
@@ -487,3 +496,72 @@ def load_config(
     namespace = config_parser(cls).parse_args(argv)
     config = config_from_namespace(cls, namespace)
     return dataclasses.replace(config, **overrides) if overrides else config
+
+
+_SCORER = (
+    "--reward_model DIR (a reward model) or --reward_functions NAME (digits, gold, "
+    "instructions, sentiment, perplexity, perplexity:PATH or module:function)"
+)
+
+OLD_NAMES = {
+    "reward": ("reward_functions", _SCORER),
+    "scorer": ("reward_functions", _SCORER),
+    "tensorboard": ("report_to", "--report_to tensorboard, or --report_to none"),
+    "out": ("output", "--output"),
+    "iterations": ("max_steps", "--max_steps (the PPO/GRPO iterations, one step each)"),
+}
+"""rlhfkit's own former names of options -> (our field, what to write); refused as TRL's are."""
+
+_PARSER_OPTIONS = {"config", "help", "print_config"}  # the parser's own, no field of a config
+
+
+def spelling_problem(command: str, given: str, where: str, fields: set[str]) -> str | None:
+    """Why ``given`` (an option or config key, as ``where`` says: "option --x", "key 'x' in
+    f.yaml") is not a field of ``command`` (``fields``), with what to write: TRL's name for one
+    of ours (or for what rlhfkit lacks), a former name of ours, or a near miss of a field
+    ("did you mean"). None where it is a field or nothing is known of it (the parser then
+    refuses it as unrecognized)."""
+    key = given.replace("-", "_")
+    if given in fields or key in fields or key in _PARSER_OPTIONS:
+        return None
+    listing = f"`rlhfkit {command} --help` lists every option"
+    trl = _trl_answer(command, key, fields)
+    if trl is not None and trl.kind == "ours":
+        note = f" ({trl.note})" if trl.note else ""
+        return f"unrecognized {where} (TRL's name); did you mean {trl.spelling}?{note} {listing}"
+    if trl is not None and trl.kind == "missing":
+        return (
+            f"unrecognized {where} (TRL's name), not an option of rlhfkit {command}: "
+            f"{trl.note}. {listing}; docs/trl_options.md answers every TRL option"
+        )
+    ours = OLD_NAMES.get(key)
+    if ours is not None and ours[0] in fields:
+        return f"unrecognized {where} (a former name); did you mean {ours[1]}? {listing}"
+    near = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=0.88)
+    if near:
+        return f"unrecognized {where}; did you mean --{near[0]}? {listing}"
+    return None
+
+
+def _trl_answer(command: str, key: str, fields: set[str]) -> trl_names.Answer | None:
+    """rlhfkit's answer to TRL's option `key` in `command`: its TRL counterpart's table for a
+    training stage; for another command, a name of ours that it has (`fields`)."""
+    if command in trl_names.STAGES:
+        return trl_names.answer(command, key)
+    return next((a for a in trl_names.renamed(key) if a.field in fields), None)
+
+
+# The pipeline's sections by the command each one's config is of, where the names differ.
+_SECTION_COMMANDS = {"reward": "rm", "round_reward": "rm", "round_ppo": "ppo"}
+
+
+def check_section_keys(cls: type, section: str, keys: Sequence[str]) -> None:
+    """A `ConfigError` for a key of a pipeline's ``section`` (a stage's fields, ``cls``) that
+    is TRL's name, a former one of ours or a misspelling, answered as the stage's command
+    answers that option ("did you mean"); other keys are left to the parser."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    command = _SECTION_COMMANDS.get(section, section)
+    for key in keys:
+        problem = spelling_problem(command, key, f"key {key!r}", fields)
+        if problem is not None:
+            raise ConfigError(f"PipelineConfig.{section}: {problem}")

@@ -8,6 +8,8 @@ score; exit code 1. Each message says what failed, where (file and line, field o
 sample), what is allowed and what to do, so that no traceback is needed to act on it.
 """
 
+import math
+
 
 class UsageError(ValueError):
     """Input that cannot work; the message names it, where it is and what is allowed."""
@@ -15,3 +17,21 @@ class UsageError(ValueError):
 
 class RunError(RuntimeError):
     """An anticipated failure during a run; the message names what failed and on what."""
+
+
+class NonFiniteError(RunError):
+    """A training quantity (a loss, a gradient norm, a tensor of a rollout) came out NaN or
+    inf. Raised where it is measured, which does not know the step; the training loop stops the
+    run with the step and what to try (``trainers/loop.py``), before anything is saved from
+    that state."""
+
+    def __init__(self, quantity: str, value: float) -> None:
+        super().__init__(f"{quantity} is {value}")
+        self.quantity = quantity
+        self.value = value
+
+
+def require_finite(quantity: str, value: float) -> None:
+    """A `NonFiniteError` naming ``quantity`` where ``value`` is NaN or inf."""
+    if not math.isfinite(value):
+        raise NonFiniteError(quantity, value)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhfkit.errors import NonFiniteError
 from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
 from rlhfkit.experience.scorers import ScoreInput, Scorer
@@ -108,7 +110,33 @@ class Rollout:
             picked[name] = picked[name][:, :end]
         return Rollout(**picked)
 
+    def check_finite(self) -> None:
+        """A `NonFiniteError` naming the first of the numbers PPO learns from that is NaN or
+        inf: the scores, then the per-token tensors at real response tokens (padding may hold
+        anything). One NaN there would turn the update's loss and then every weight into NaN."""
+        require_finite_values("rollout scores", self.scores)
+        for name in _CHECKED_FIELDS:
+            require_finite_values(f"rollout {name}", getattr(self, name), self.response_mask)
 
+
+def require_finite_values(
+    quantity: str, values: torch.Tensor, mask: torch.Tensor | None = None
+) -> None:
+    """A `NonFiniteError` naming ``quantity``, its first non-finite value and how many there
+    are, where ``values`` (at ``mask``, if given) hold NaN or inf on any process. Every process
+    calls it at the same point and all of them stop together (one collective on several)."""
+    kept = values if mask is None else values[mask.bool()]
+    bad = ~torch.isfinite(kept)
+    count = int(sum_over_ranks(bad.sum()).item())
+    if not count:
+        return
+    if bad.any():
+        detail = f"{quantity} ({int(bad.sum())} of {kept.numel()} values not finite)"
+        raise NonFiniteError(detail, kept[bad][0].item())
+    raise NonFiniteError(f"{quantity} of another process", math.nan)
+
+
+_CHECKED_FIELDS = ("logprobs", "ref_logprobs", "values", "kl", "rewards", "advantages", "returns")
 _QUERY_FIELDS = ("query", "query_mask")
 _RESPONSE_FIELDS = (
     "response",

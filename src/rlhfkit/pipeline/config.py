@@ -17,6 +17,7 @@ from rlhfkit.config import (
     RewardConfig,
     SFTConfig,
     _check_literals,
+    check_section_keys,
     config_from_namespace,
     config_parser,
     require,
@@ -187,6 +188,7 @@ class RoundStages:
 
 def _build(cls: type, section: str, overrides: dict[str, Any], **derived: Any):
     """``cls`` from the pipeline-derived values, then the user's, type-checked by jsonargparse."""
+    check_section_keys(cls, section, list(overrides))
     parser = config_parser(cls, exit_on_error=False)
     try:
         namespace = parser.parse_object({**derived, **overrides})

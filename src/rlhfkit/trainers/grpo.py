@@ -41,7 +41,12 @@ from torch import nn
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import PromptCollator, load_prompts
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores
-from rlhfkit.experience.rollout import ExperienceMaker, RolloutModels, RolloutSettings
+from rlhfkit.experience.rollout import (
+    ExperienceMaker,
+    RolloutModels,
+    RolloutSettings,
+    require_finite_values,
+)
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import ScoreInput, Scorer
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
@@ -185,6 +190,8 @@ class GRPOTrainer(PolicyTrainer):
         options = self.maker.settings.scores
         scores = process_scores(raw_scores, eos_emitted, options, self.moments)
         advantages = group_baseline_advantages(scores, cfg)  # (B,)
+        require_finite_values("scores", scores)
+        require_finite_values("advantages", advantages)
 
         response, mask = samples.response, samples.response_mask  # (B, Tr) each
         inputs = sequence_inputs(query, query_mask, response, mask, packed=self.packed)

@@ -32,6 +32,11 @@ writes `final/` (model + tokenizer + `trainer_state.json` with `"complete": true
 `resume=True` a complete run is skipped. Evaluation runs with the random streams saved and
 restored around it, so `eval_every` never changes the training trajectory.
 
+Non-finite numbers: a loss or gradient norm that is NaN or inf (and for PPO and GRPO a score,
+advantage, value or KL of a rollout) stops the run at that step with a `RunError` naming it,
+before the optimiser step and before any checkpoint or `final/` is written from that state, so
+the newest checkpoint stays a good resume point; `skip_nonfinite_steps` skips a few instead.
+
 Several processes: the trained model is replicated through accelerate (DDP: the gradients are
 averaged once per optimiser step) or, with ``fsdp``, sharded (``runtime/sharding.py``; its
 checkpoints hold the whole model, gathered, and each process's optimiser shard). Only the main
@@ -49,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -65,8 +71,9 @@ from torch import nn
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.config import TrainConfig
-from rlhfkit.errors import UsageError
+from rlhfkit.errors import NonFiniteError, RunError, UsageError, require_finite
 from rlhfkit.models.loading import check_model_source
+from rlhfkit.runtime.distributed import sum_over_ranks
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.runtime.sharding import (
     ShardedModel,
@@ -104,6 +111,8 @@ class TrainerState:
     """The most recent evaluation results."""
     evaluated_at: int = -1
     """The step of the most recent evaluation (a resumed run does not repeat it)."""
+    skipped_steps: int = 0
+    """Steps skipped for a loss or gradient that was not finite (`skip_nonfinite_steps`)."""
 
 
 def _scalar(value: Any) -> float:
@@ -443,19 +452,67 @@ class Trainer:
         count = 0
         while self.state.step < target:
             started = time.perf_counter()
-            metrics = self.train_step()
-            metrics["step_seconds"] = time.perf_counter() - started
-            accumulate(sums, metrics)
-            count += 1
+            metrics = self._guarded_step()
+            if metrics is not None:
+                metrics["step_seconds"] = time.perf_counter() - started
+                accumulate(sums, metrics)
+                count += 1
             self.state.step += 1
             self.tracker.advance()
-            if self.state.step % cfg.log_every == 0 or self.state.step == target:
+            if count and (self.state.step % cfg.log_every == 0 or self.state.step == target):
                 self._log_train(sums, count)
                 sums, count = {}, 0
             if cfg.eval_every and self.state.step % cfg.eval_every == 0:
                 self.run_evaluation()
             if cfg.save_every and self.state.step % cfg.save_every == 0:
                 self.save_checkpoint()
+
+    def _guarded_step(self) -> dict[str, float] | None:
+        """`train_step`, or None for a step skipped because a quantity in it was not finite.
+
+        Such a step stops the run (`RunError`) before anything is saved from that state, so
+        the newest checkpoint stays a good resume point; `skip_nonfinite_steps` skips up to
+        that many instead, each only where no optimiser step of it was taken (PPO updates in
+        several): the step's gradients are dropped and neither weights, AdamW moments nor the
+        learning-rate schedule change (the schedule ends that many steps short of its end)."""
+        taken = self._optimizer_steps()
+        try:
+            return self.train_step()
+        except NonFiniteError as error:
+            step = self.state.step + 1
+            clean = self._optimizer_steps() == taken
+            if not clean or self.state.skipped_steps >= self.config.skip_nonfinite_steps:
+                raise RunError(self._nonfinite_message(error, step)) from error
+            logger.warning("step %d skipped: %s (skip_nonfinite_steps)", step, error)
+        for learner in self.learners.values():
+            learner.optimizer.zero_grad(set_to_none=True)
+        self.state.skipped_steps += 1
+        return None
+
+    def _optimizer_steps(self) -> int:
+        """Optimiser steps taken by every learner so far (their schedules count them)."""
+        return sum(learner.scheduler.last_epoch for learner in self.learners.values())
+
+    def _nonfinite_message(self, error: NonFiniteError, step: int) -> str:
+        """What stopped at which step, that nothing was saved from it, and what to try."""
+        return (
+            f"training diverged at step {step} of {self.output_dir}: {error.quantity} is "
+            f"{error.value}, not a finite number, so the run stopped before saving anything "
+            "from that step (the newest checkpoint there, if any, is the last good one). "
+            "Try a lower learning_rate, gradient clipping "
+            "(max_grad_norm, e.g. 1.0), a warmup (warmup_steps), mixed_precision no (fp32) "
+            "instead of bf16, or skip_nonfinite_steps to skip a few such steps; then resume, "
+            "or start again with resume: false"
+        )
+
+    def check_loss(self, loss: float) -> None:
+        """A `NonFiniteError` where ``loss`` is NaN or inf on any process (on several, one
+        collective: every process stops at the same step, none waits for the others)."""
+        if self.accelerator.num_processes > 1:
+            bad = torch.tensor(float(not math.isfinite(loss)), device=self.accelerator.device)
+            if sum_over_ranks(bad).item() and math.isfinite(loss):
+                raise NonFiniteError("loss of another process", math.nan)
+        require_finite("loss", loss)
 
     def train_step(self) -> dict[str, float]:
         """One step of the loop. Here: accumulate gradients over the micro-batches of one
@@ -475,6 +532,7 @@ class Trainer:
                 loss, metrics = self.compute_loss(batch)
                 self.accelerator.backward(loss * weight / accumulation)
             accumulate(totals, {"loss": loss, **metrics}, 1 / accumulation)
+        self.check_loss(totals["loss"])
         stats = self.learners[self.learner_name].step()
         totals["lr"] = stats["lr"]
         totals["grad_norm"] = stats[f"grad_norm/{self.learner_name}"]
@@ -488,6 +546,8 @@ class Trainer:
         means = self.accelerator.reduce(means, reduction="mean")
         metrics = {f"train/{k}": v for k, v in zip(keys, means.tolist(), strict=True)}
         metrics["train/epoch"] = self.state.epoch + self.state.batch_index / self.batches_per_epoch
+        if self.config.skip_nonfinite_steps:
+            metrics["train/skipped_steps"] = self.state.skipped_steps
         self.tracker.log(metrics, self.state.step)
 
     def run_evaluation(self) -> dict[str, float]:

@@ -16,6 +16,7 @@ from torch.distributed.tensor import DTensor
 from transformers import get_scheduler
 
 from rlhfkit.config import TrainConfig
+from rlhfkit.errors import require_finite
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
@@ -102,9 +103,12 @@ class Learner:
 
     def step(self) -> dict[str, float]:
         """Clip this model's gradients, step and clear; the norm before clipping and the
-        learning rate of the step."""
+        learning rate of the step. A norm that is NaN or inf stops before the optimiser step
+        (`NonFiniteError`): one such step would turn every weight into NaN. The norm is of the
+        gradients reduced over the processes, so every process stops alike."""
         norm = clip_grad_norm(self.params, self.max_grad_norm)
         stats = {f"grad_norm/{self.name}": norm.item(), "lr": self.scheduler.get_last_lr()[0]}
+        require_finite(f"grad_norm/{self.name}", stats[f"grad_norm/{self.name}"])
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -225,6 +225,7 @@ class PPOTrainer(Trainer):
             moments=self.moments,
             generator=self.sample_generator,
         )
+        rollout.check_finite()
         update_started = time.perf_counter()
         metrics = {**rollout_stats(rollout), **self.update(rollout)}
         metrics["kl/coef"] = self.kl_controller.value
