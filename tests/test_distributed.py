@@ -276,7 +276,7 @@ def test_data_too_small_for_one_batch_per_process_fails_naming_it(model, tmp_pat
 
 
 SHARDED_GENERATION = """
-import datetime, json, sys
+import datetime, json, os, sys
 import torch, torch.distributed as dist
 from transformers import AutoModelForCausalLM
 from rlhfkit.experience.generation import SamplingConfig, generate
@@ -295,6 +295,10 @@ with open(f"{sys.argv[2]}/rank{dist.get_rank()}.json", "w") as f:
     json.dump(out.response.tolist(), f)
 dist.barrier()  # both done before either tears its connections down
 dist.destroy_process_group()
+# On a loaded host gloo's threads can still be joinable when the interpreter's C++ destructors
+# run, and the process aborts after its work is done and written: leave without them.
+sys.stdout.flush()
+os._exit(0)
 """
 
 

@@ -68,7 +68,7 @@ class SamplingConfig:
 
 @dataclass
 class GenerationOutput:
-    """Sampled responses in the library's vocabulary (see DESIGN.md)."""
+    """Sampled responses, named and shaped as everywhere in the library (``Rollout``)."""
 
     response: torch.Tensor  # (B, Tr) long, pad after the first EOS
     response_mask: torch.Tensor  # (B, Tr) long, 1 up to and including the first EOS

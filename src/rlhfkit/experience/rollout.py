@@ -59,7 +59,8 @@ from rlhfkit.runtime.parallel import run_parallel
 
 @dataclass
 class Rollout:
-    """One batch of experience. Tensors share the batch dimension B; see DESIGN.md."""
+    """One batch of experience. Tensors share the batch dimension B; each field's shape and
+    meaning is written beside it, and the library uses these names everywhere."""
 
     query: torch.Tensor  # (B, Tq) prompt ids, left-padded
     query_mask: torch.Tensor  # (B, Tq)

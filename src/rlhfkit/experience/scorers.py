@@ -171,7 +171,7 @@ class RewardModelScorer(Scorer):
 
     Sharing the policy's tokenizer (``tokenizer=None``), it scores the policy's own ids: the
     sequence keeps the EOS the policy emitted, so the model reads its score at EOS, as it was
-    trained (see the peers' pitfall 7). With a tokenizer of its own (a reward model of another
+    trained. With a tokenizer of its own (a reward model of another
     family: ``scorer_loading.load_reward_scorer`` decides), it scores from the texts: the
     decoded prompt and response, through its chat template as a user and an assistant turn if
     it has one, else concatenated, and its EOS appended, as its training encoded them

@@ -18,7 +18,8 @@ Alignment: a causal LM's logits at position t are the distribution of token t + 
 log-probability of ``input_ids[:, t + 1]`` is read from ``logits[:, t]``. ``shifted_logprobs``
 does that shift; ``token_logprobs`` takes labels that are already aligned with the logits.
 Getting this wrong (or passing float ids) is exactly the ``Target 24844 is out of bounds``
-crash in MISSION.md, so every entry point validates ids with ``check_token_ids``.
+crash of a hand-written perplexity reward, so every entry point validates ids with
+``check_token_ids``.
 
 Log-probs and entropies are returned in float32 (float64 if the logits are float64): importance
 ratios ``exp(logp - old_logp)`` are too coarse in bf16.

@@ -23,7 +23,7 @@ gradient is the policy gradient of the clipped objective at the sampling point, 
 sampling forward pass is saved). The loss is averaged over all response tokens of the
 micro-batch (``masked_mean``), TRL's default ``loss_type="dapo"``; DeepSeekMath averages per
 sequence first. Rewards from a reward model are read at the EOS the policy emitted, as the
-reward model was trained (peers' pitfall 7); TRL's GRPO scores the text without EOS.
+reward model was trained; TRL's GRPO scores the text without EOS.
 """
 
 from __future__ import annotations
