@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM
 from rlhfkit.config import ConfigError
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import parse_scorer
+from rlhfkit.experience.scorers import WeightedScorer
 from rlhfkit.interact.chat import USER_PROMPT, ChatConfig, chat_loop
 from rlhfkit.interact.env import LMAgent
 from rlhfkit.tasks import digits_score
@@ -35,6 +36,24 @@ def scripted(lines):
             raise EOFError from None
 
     return read
+
+
+def test_a_weighted_reward_shows_each_part(agent):
+    """With several scorers the user sees which one liked the reply, not only the sum."""
+    shown = []
+    agent_generate = agent.generate
+    agent.generate = lambda messages: "I have 2 cats."
+    scorer = WeightedScorer([(parse_scorer("digits"), 0.5), (parse_scorer("sentiment"), 2.0)])
+    try:
+        chat_loop(agent, scorer, read=scripted(["hello", "/quit"]), write=shown.append)
+    finally:
+        agent.generate = agent_generate
+    line = shown[1]
+    total, parts = line.removeprefix("[reward ").removesuffix("]").split(" = ")
+    digits, sentiment = parts.split(" + ")
+    assert digits.startswith("0.5 x digits ") and sentiment.startswith("2 x sentiment ")
+    value = 0.5 * float(digits.rsplit(" ", 1)[1]) + 2 * float(sentiment.rsplit(" ", 1)[1])
+    assert float(total) == pytest.approx(value, abs=2e-3)
 
 
 def test_loop_keeps_history_resets_and_quits(agent):

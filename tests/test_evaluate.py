@@ -1,5 +1,6 @@
 """Evaluation metrics against hand computations, and `evaluate` end to end on tiny models."""
 
+import copy
 import itertools
 import json
 import math
@@ -235,3 +236,33 @@ def test_evaluate_end_to_end(tmp_path, tiny_model_dir, tiny_model, tiny_tokenize
         "other",
         "best-of-4",
     }
+
+
+def test_side_by_side_shows_the_prompt_as_written(tmp_path, tiny_model, tiny_tokenizer):
+    """Through a chat template the model sees the template's text around the prompt; the
+    report's rows show what the user wrote (a chat prompt: its last message)."""
+    model_dir = tmp_path / "chat_model"
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }} {% endfor %}[assistant]"
+    )
+    tiny_model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    written = ["the rain was", [{"role": "user", "content": "she said"}]]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in written))
+    out = tmp_path / "eval.json"
+    config = EvalConfig(
+        models={"sft": str(model_dir)},
+        reference=str(model_dir),
+        reward_model=None,
+        task="sentiment",
+        prompts=str(prompts),
+        max_new_tokens=4,
+        batch_size=2,
+        best_of_n=[],
+        output=str(out),
+    )
+    evaluate(config)
+    samples = json.loads(out.read_text())["samples"]
+    assert [s["prompt"] for s in samples] == ["the rain was", "she said"]

@@ -175,6 +175,14 @@ def test_numbers_as_digits_or_words_and_the_bound_of_under():
     ]
 
 
+def test_the_judge_reads_how_people_ask_beyond_what_the_generator_writes():
+    question = "Do you like a cat or a dog? Answer in one sentence."
+    assert parse_constraints(question) == [Constraint("sentences", 1)]
+    assert instruction_score(question, "I like dogs, because they are loyal and playful.") == 1
+    assert instruction_score(question, "I like dogs. They are loyal and playful.") == 0
+    assert parse_constraints("Explain tides in 3 sentences.") == [Constraint("sentences", 3)]
+
+
 def test_every_kind_has_a_sentence_phrasing():
     for kind in KINDS.values():
         assert any(p[0].isupper() for p in kind.phrasings), kind.name

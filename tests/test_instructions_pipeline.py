@@ -1,7 +1,7 @@
 """The instructions task's pipeline (configs/instructions_smollm2.yaml) end to end on the tiny
 test model and the bundled instructions data: every arm, GRPO included, trains a few steps;
 the evaluation breaks the gold score down per constraint kind; the report shows the responses
-side by side, escaped, and the pass rates."""
+side by side, escaped, and the pass rates. The GPU config is parsed and derived the same way."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rlhfkit.pipeline.run import run_pipeline
 from rlhfkit.tasks import BREAKDOWNS, INSTRUCTIONS_DATA_DIR
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "instructions_smollm2.yaml"
+GPU_CONFIG = CONFIG.with_name("instructions_smollm2_gpu.yaml")
 FEW = {"max_steps": 2, "batch_size": 4, "report_to": ["none"], "log_every": 1, "max_length": 96}
 SMALL = {
     "sft": {**FEW, "eval_batch_size": 8, "max_train_samples": 8, "max_eval_samples": 4},
@@ -65,8 +66,9 @@ def _config(run_dir: Path, model: Path) -> PipelineConfig:
     )
 
 
-def test_config_derives_every_arm_from_the_bundled_data():
-    stages = stage_configs(load_config(PipelineConfig, CONFIG, output_dir="runs/x"))
+@pytest.mark.parametrize("config", [CONFIG, GPU_CONFIG], ids=["cpu", "gpu"])
+def test_config_derives_every_arm_from_the_bundled_data(config):
+    stages = stage_configs(load_config(PipelineConfig, config, output_dir="runs/x"))
     assert stages.grpo is not None
     assert stages.grpo.reward_functions == ["instructions"] and stages.grpo.reward_model is None
     assert stages.grpo.model == str(stages.sft.final_dir)

@@ -162,6 +162,7 @@ class _Setup:
     runtime: Runtime
     common: dict[str, Any]  # reward, gold, seed, batch_size, runtime for evaluate_policy
     breakdown: Breakdown | None  # the parts of the task's gold score, where it has some
+    written: list[Any]  # the records' prompts as written, for the report's side-by-side rows
 
     @classmethod
     def load(cls, config: EvalConfig) -> _Setup:
@@ -189,7 +190,8 @@ class _Setup:
         sampling = SamplingConfig(config.max_new_tokens, config.temperature)
         reference = _load_lm(config.reference, tokenizer, device)
         breakdown = BREAKDOWNS.get(config.task)
-        return cls(tokenizer, prompts, sampling, rm, reference, runtime, common, breakdown)
+        written = [r.prompt for r in records]
+        return cls(tokenizer, prompts, sampling, rm, reference, runtime, common, breakdown, written)
 
     def run(self, model: nn.Module) -> PolicySamples:
         """Samples of ``model`` on the prompts, scored, with their KL to the reference."""
@@ -263,7 +265,7 @@ def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -
         "best_of_n": curve,
         "reward_model": accuracy,
         "pass_rates": parts,
-        "samples": side_by_side(named, config.num_samples),
+        "samples": side_by_side(named, config.num_samples, setup.written),
         "config": dataclasses.asdict(config),
     }
     Path(config.output).parent.mkdir(parents=True, exist_ok=True)

@@ -369,8 +369,12 @@ def pass_rates(named: dict[str, PolicySamples], breakdown: Breakdown) -> list[di
     return rows
 
 
-def side_by_side(named: dict[str, PolicySamples], count: int) -> list[dict]:
-    """The first ``count`` prompts with every model's response and scores, for the report."""
+def side_by_side(
+    named: dict[str, PolicySamples], count: int, prompts: Sequence[Any] | None = None
+) -> list[dict]:
+    """The first ``count`` prompts with every model's response and scores, for the report.
+    ``prompts``: the records' prompts as written (a chat prompt shows its last message); without
+    them a row shows the prompt the model was given, the chat template's text included."""
     rows = []
     for i in range(min(count, *(len(s.responses) for s in named.values()))):
         first = next(iter(named.values()))
@@ -382,5 +386,6 @@ def side_by_side(named: dict[str, PolicySamples], count: int) -> list[dict]:
             }
             for name, s in named.items()
         }
-        rows.append({"prompt": first.prompts[i], "responses": responses})
+        prompt = first.prompts[i] if prompts is None else _prompt_text(prompts[i])
+        rows.append({"prompt": prompt, "responses": responses})
     return rows

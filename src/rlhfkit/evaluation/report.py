@@ -137,7 +137,8 @@ def plot_overoptimization(
         ax.set_ylabel(title)
         ax.set_title(f"{title} against KL")
         ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a panel with no curve needs no legend
+            ax.legend(loc="best", fontsize=8)
     return save_figure(fig, png_path)
 
 
@@ -167,7 +168,8 @@ def plot_rounds(rounds: Sequence[Mapping[str, Any]], png_path: str | Path) -> Pa
         ax.set_ylabel(title)
         ax.set_title(f"{title} against KL, per round")
         ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a panel with no curve needs no legend
+            ax.legend(loc="best", fontsize=8)
     return save_figure(fig, png_path)
 
 

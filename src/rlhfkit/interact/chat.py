@@ -23,8 +23,8 @@ from rlhfkit.config import ConfigError, RewardOptions, checked_sampling
 from rlhfkit.data import Message, pad
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import build_scorer
-from rlhfkit.experience.scorers import Scorer
-from rlhfkit.interact.env import LMAgent, score_texts, token_budget
+from rlhfkit.experience.scorers import ScoreInput, Scorer, WeightedScorer
+from rlhfkit.interact.env import LMAgent, encode_for_scoring, score_texts, token_budget
 from rlhfkit.text import terminal_text
 
 BANNER = "Chatting with {model}. /reset clears the history, /quit (or Ctrl-D) exits."
@@ -64,11 +64,24 @@ def chat_loop(
         reply = agent.generate(messages)
         write(f"bot> {terminal_text(reply)}")
         if scorer is not None:
-            (score,) = score_texts(
-                scorer, agent.tokenizer, [messages], [reply], max_length, agent.device
+            batch = encode_for_scoring(
+                agent.tokenizer, [messages], [reply], max_length, agent.device
             )
-            write(f"[reward {terminal_text(scorer.name)}: {score.item():.3f}]")
+            write(f"[reward {reward_line(scorer, batch)}]")
         messages.append({"role": "assistant", "content": reply})
+
+
+def reward_line(scorer: Scorer, batch: ScoreInput) -> str:
+    """A reply's reward as shown: ``name: total``, and for a weighted sum of several scorers
+    each part's own score too (which one liked the reply is what a user wants to know)."""
+    total = scorer(batch).item()
+    if not isinstance(scorer, WeightedScorer) or len(scorer.parts) == 1:
+        return f"{terminal_text(scorer.name)}: {total:.3f}"
+    parts = " + ".join(
+        f"{weight:g} x {terminal_text(part.name)} {part(batch).item():.3f}"
+        for part, weight in scorer.parts
+    )
+    return f"{total:.3f} = {parts}"
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,9 @@ digits), ``{below}`` (digits, one more than the parameter: "under 25 words" mean
 ``{count}`` (a number word, "three"), ``{times}`` ("once", "twice", "three times") and
 ``{word}`` (a quoted word). A phrasing that starts in lower case ("in under {below} words") is
 a fragment that the prompt generator appends to the task sentence; the others are sentences.
-The parser turns every phrasing into a regular expression and searches it anywhere in the
+A kind may also have phrasings the judge understands but the generator never writes (how
+people ask: "Answer in one sentence."), so the judge works on prompts written by hand. The
+parser turns every phrasing into a regular expression and searches it anywhere in the
 prompt, because prompts reach reward functions as decoded text that may hold a chat template's
 rendering ("system\\n...\\nuser\\nDescribe ...\\nassistant\\n"); letter case and the spacing
 between words do not matter. ``HELDOUT_KINDS`` never appear in the training prompts: they
@@ -137,15 +139,17 @@ class Constraint:
 
 @dataclass(frozen=True)
 class Kind:
-    """A kind of constraint: its phrasings (module docstring) and its check."""
+    """A kind of constraint: its phrasings (module docstring), those the judge only reads
+    (``understood``: never written into generated prompts), and its check."""
 
     name: str
     check: Callable[[Constraint, str], bool]
     phrasings: tuple[str, ...]
+    understood: tuple[str, ...] = ()
 
     def patterns(self) -> list[re.Pattern]:
         """The regular expressions that recognise the phrasings in a prompt."""
-        return [_pattern(p) for p in self.phrasings]
+        return [_pattern(p) for p in self.phrasings + self.understood]
 
 
 def _max_words(c: Constraint, response: str) -> bool:
@@ -252,6 +256,7 @@ KINDS: dict[str, Kind] = {
                 "Reply with exactly {count} sentences.",
                 "Your answer must contain exactly {count} sentences.",
             ),
+            understood=("in {count} sentence",),
         ),
         Kind(
             "paragraphs",
