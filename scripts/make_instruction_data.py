@@ -75,6 +75,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--agreement", type=float, default=0.75)
     parser.add_argument("--batch-size", type=int, default=64, help="sampled rows per batch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where to sample (default: a CUDA GPU if there is one, else the CPU)",
+    )
     return parser.parse_args()
 
 
@@ -83,7 +88,8 @@ def sample_sets(model, tokenizer, prompts: list[str], n: int, args, seed: int) -
     records = [PromptRecord(p) for p in prompts]
     ids, _ = encode_prompts(records, tokenizer, args.max_prompt_length)
     sampling = SamplingConfig(args.max_new_tokens, args.temperature)
-    runtime = Runtime(device=torch.device("cpu"), bf16=True, attention="sdpa", side_by_side=False)
+    device = torch.device(args.device)
+    runtime = Runtime(device=device, bf16=True, attention="sdpa", side_by_side=False)
     runtime.start()  # freed memory kept for the next step: no page faults on every token
     batches = sample_responses(
         model,
@@ -150,7 +156,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.manual_seed(args.seed)
     tokenizer = load_tokenizer(args.model, padding_side="left")
-    model = freeze(load_causal_lm(args.model, tokenizer=tokenizer))
+    model = freeze(load_causal_lm(args.model, tokenizer=tokenizer)).to(args.device)
     rng = random.Random(args.seed)
     train = [r.prompt for r in load_records(args.data / "prompts", "prompts", split="train")]
     test = [r.prompt for r in load_records(args.data / "prompts", "prompts", split="test")]
