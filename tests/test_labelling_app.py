@@ -13,6 +13,7 @@ from rlhfkit.data import PromptRecord, encode_prompts, load_records
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.interact.sampling import sample_responses
+from rlhfkit.labelling import prepare as prepare_module
 from rlhfkit.labelling.app import create_app
 from rlhfkit.labelling.prepare import PrepareConfig, run_prepare
 from rlhfkit.labelling.store import Store
@@ -35,9 +36,21 @@ def db(tmp_path):
     return path
 
 
+ADMIN = "the-admin-token"
+LOCAL = "http://127.0.0.1:8000"  # a host the app answers to (TestClient's own is not)
+
+
 @pytest.fixture
 def client(db):
-    with TestClient(create_app(db, labels_per_task=2)) as c:
+    with TestClient(create_app(db, labels_per_task=2, admin_token=ADMIN), base_url=LOCAL) as c:
+        yield c
+
+
+@pytest.fixture
+def admin(client):
+    """A second client of the same app, signed in as the admin."""
+    with TestClient(client.app, base_url=LOCAL) as c:
+        assert c.post("/api/login", json={"token": ADMIN}).json() == {"admin": True}
         yield c
 
 
@@ -95,6 +108,27 @@ def test_model_text_is_shown_inert_in_pages_and_json(client):
     assert headers["x-content-type-options"] == "nosniff"
 
 
+def test_joiners_and_marks_reach_the_labeller_as_written(tmp_path):
+    """What a user would see: a family emoji and a Persian word whole, LRM and RLM as they
+    are; only what deceives (here a right-to-left override) is shown as its escape."""
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"
+    persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"
+    marks = "10\u200e$ \u05e9\u05dc\u05d5\u05dd\u200f!"
+    path = tmp_path / "l.db"
+    store = Store(path, create=True)
+    store.add_tasks([(f"Say {persian}", [f"{family} {marks}", "x\u202eevil"])])
+    store.close()
+    with TestClient(create_app(path), base_url=LOCAL) as client:
+        sign_in(client, "ann")
+        page = client.get("/").text
+        task = client.get("/api/next").json()["task"]
+    assert f"Say {persian}" in page and f"{family} {marks}" in page
+    assert "\\u200d" not in page and "\\u200c" not in page
+    assert '<span class="ctrl" title="U+202E">\\u202e</span>evil' in page
+    assert task["prompt"][0]["content"] == f"Say {persian}"
+    assert sorted(task["responses"]) == sorted([f"{family} {marks}", "x\\u202eevil"])
+
+
 def test_a_chat_prompt_shows_each_turn_escaped(client):
     sign_in(client, "ann")
     for _ in range(2):
@@ -124,8 +158,11 @@ def test_votes_are_idempotent_and_progress_counts_them(client):
     assert first.json()["progress"] == {"votes": 1, "left": 2}
     conflict = vote(client, 1, order=[0, 1])
     assert conflict.status_code == 409 and "already voted on task 1" in conflict.json()["error"]
-    overview = client.get("/api/progress").json()
-    assert overview["votes"] == 1 and overview["labellers"]["ann"]["rank"] == 1
+    mine = client.get("/api/progress").json()
+    assert mine == {
+        "labeller": "ann",
+        "progress": {"votes": 1, "left": 2, "rank": 1, "tie": 0, "bad": 0, "skip": 0},
+    }
 
 
 def test_the_vote_maps_display_slots_to_responses(client):
@@ -166,15 +203,32 @@ def test_bad_vote_requests_get_a_clear_error(client, request_kwargs, status, err
     assert response.status_code == status and error in response.json()["error"]
 
 
-def test_the_progress_page_before_anyone_agrees(client):
-    page = client.get("/progress").text  # open to all on this machine
+def test_the_progress_page_before_anyone_agrees(client, admin):
+    assert client.get("/progress", follow_redirects=False).status_code == 303  # signed out
+    page = admin.get("/progress").text
     assert "<b>0</b> of <b>3</b> tasks done" in page and "No votes yet." in page
     sign_in(client, "ann")
     vote(client, client.get("/api/next").json()["task"]["id"], "tie")
-    page = client.get("/progress").text
+    page = admin.get("/progress").text
     assert "<b>0</b> of <b>3</b> tasks done" in page  # labels_per_task=2
-    assert "<td>ann</td><td>1</td><td>0</td><td>1</td><td>0</td>" in page
+    assert "<td>ann</td><td>1</td><td>0</td><td>1</td><td>0</td><td>0</td>" in page
     assert "No task has been labelled by two people yet." in page
+
+
+def test_a_labeller_changes_their_last_vote(client):
+    sign_in(client, "ann")
+    assert client.post("/api/votes/reopen").status_code == 404  # nothing to change yet
+    assert "Change my last vote" not in client.get("/").text
+    assert vote(client, 1, order=[0, 1]).status_code == 201
+    page = client.get("/").text
+    assert 'data-task="2"' in page and "Change my last vote" in page
+    response = client.post("/reopen", follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/"
+    page = client.get("/").text
+    assert 'data-task="1"' in page and "<b>0</b> votes by you" in page
+    assert vote(client, 1, "tie").status_code == 201
+    taken = client.post("/api/votes/reopen").json()
+    assert taken["vote"]["choice"] == "tie" and taken["progress"]["votes"] == 0
 
 
 def test_signed_out_clients_cannot_vote(client):
@@ -188,13 +242,14 @@ def test_signed_out_clients_cannot_vote(client):
 def test_two_labellers_on_one_task_and_their_agreement(client, db):
     sessions = {}
     for name in ("ann", "bob"):
-        with TestClient(client.app) as c:
+        with TestClient(client.app, base_url=LOCAL) as c:
             sign_in(c, name)
             task = c.get("/api/next").json()["task"]
             assert task["id"] == 1  # labels_per_task=2: both get task 1 first
             order = [task["responses"].index("Hello there."), task["responses"].index("Hi!")]
             assert vote(c, 1, order=order).status_code == 201
             sessions[name] = c.cookies
+    client.post("/api/login", json={"token": ADMIN})
     overview = client.get("/api/progress").json()
     assert overview["tasks_done"] == 1
     assert overview["agreement"]["agreement"] == 1.0 and overview["agreement"]["kappa"] is None
@@ -202,11 +257,49 @@ def test_two_labellers_on_one_task_and_their_agreement(client, db):
     assert "raw agreement <b>100.0%</b>" in page and "ann &amp; bob" in page
 
 
+def test_a_labeller_sees_only_their_own_progress_and_the_admin_everyone(client, admin):
+    """Labellers cannot read each other's votes: the live agreement would give them away."""
+    sessions = {}
+    for name in ("ann", "bob"):
+        c = sessions[name] = TestClient(client.app, base_url=LOCAL)
+        sign_in(c, name)
+        task = c.get("/api/next").json()["task"]
+        assert vote(c, task["id"], order=[0, 1]).status_code == 201
+    page = sessions["ann"].get("/progress").text
+    assert "Your progress" in page and "<b>1</b> votes by you" in page
+    assert "bob" not in page and "agreement" not in page.lower()
+    mine = sessions["bob"].get("/api/progress").json()
+    assert mine["labeller"] == "bob" and mine["progress"]["votes"] == 1
+    assert "ann" not in json.dumps(mine) and "agreement" not in mine
+    overview = admin.get("/api/progress").json()
+    assert sorted(overview["labellers"]) == ["ann", "bob"] and overview["agreement"]["items"] == 1
+    assert admin.get("/", follow_redirects=False).headers["location"] == "/progress"
+    page = admin.get("/progress").text
+    assert "Signed in as <b>the admin</b>" in page and 'aria-label="Disable bob"' in page
+    # Only the admin may disable; bob is signed out and cannot sign in again.
+    refused = sessions["ann"].post("/progress/labellers", data={"name": "bob", "action": "disable"})
+    assert refused.status_code == 403
+    response = admin.post(
+        "/progress/labellers", data={"name": "bob", "action": "disable"}, follow_redirects=False
+    )
+    assert response.status_code == 303
+    assert sessions["bob"].get("/api/next").status_code == 401
+    again = sessions["bob"].post("/api/login", json={"name": "bob"})
+    assert again.status_code == 401 and "may no longer sign in" in again.json()["error"]
+    assert admin.get("/api/progress").json()["labellers"]["bob"]["disabled"] is True
+    assert "Enable bob" in admin.get("/progress").text
+    admin.post("/progress/labellers", data={"name": "bob", "action": "enable"})
+    sign_in(sessions["bob"], "bob")
+    assert client.post("/api/login", json={"token": "not-the-admin"}).status_code == 401
+    for c in sessions.values():
+        c.close()
+
+
 def test_with_tokens_only_tokens_sign_in(db):
     store = Store(db)
     token = store.issue_token("ann")
     store.close()
-    with TestClient(create_app(db, require_token=True)) as client:
+    with TestClient(create_app(db, require_token=True), base_url=LOCAL) as client:
         response = client.post("/api/login", json={"name": "bob"})
         assert response.status_code == 401 and "asks for the token" in response.json()["error"]
         assert client.get("/progress", follow_redirects=False).status_code == 303
@@ -216,6 +309,75 @@ def test_with_tokens_only_tokens_sign_in(db):
         response = client.post("/api/login", json={"token": token})
         assert response.json() == {"labeller": "ann"}
         assert client.get("/api/next").json()["task"]["id"] == 1
+
+
+def nested(depth):
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("path", ["/api/votes", "/api/login"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        nested(30_000),  # 60 KB, deeper than the JSON parser goes
+        '{"task": 1, "id": ' + nested(900) + ', "choice": "skip", "name": ' + nested(900) + "}",
+        json.dumps({"task": 10**30, "id": str(uuid.uuid4()), "choice": "skip"}),
+        '{"task": -1000000000000000000000000000000, "name": "ann", "token": ' + nested(900) + "}",
+    ],
+    ids=["nested-60KB", "nested-fields", "task-1e30", "task-minus-1e30"],
+)
+def test_hostile_bodies_get_a_4xx_never_a_500(client, path, body):
+    sign_in(client, "ann")
+    client.get("/api/next")
+    response = client.post(path, content=body, headers={"content-type": "application/json"})
+    assert 400 <= response.status_code < 500, response.text
+    assert len(response.json()["error"]) < 200
+
+
+def test_two_servers_on_one_machine_keep_their_sessions_apart(tmp_path):
+    """Cookies do not tell ports apart: each database's server has a cookie of its own."""
+    apps, clients = [], []
+    for i, name in enumerate(("ann", "bob")):
+        path = tmp_path / f"{i}.db"
+        Store(path, create=True).close()
+        apps.append(create_app(path))
+        clients.append(TestClient(apps[-1], base_url=f"http://127.0.0.1:800{i}"))
+        sign_in(clients[-1], name)
+    first, second = clients
+    first.cookies.update(second.cookies)  # one browser: both cookies go to both servers
+    second.cookies.update(first.cookies)
+    assert len(first.cookies) == 2
+    assert first.get("/api/next").json()["progress"] == {"votes": 0, "left": 0}
+    assert "Signed in as <b>ann</b>" in first.get("/").text
+    assert "Signed in as <b>bob</b>" in second.get("/").text
+    for c in clients:
+        c.close()
+
+
+@pytest.mark.parametrize(
+    "host, allowed",
+    [
+        ("127.0.0.1:8000", True),
+        ("localhost:8000", True),
+        ("LOCALHOST", True),
+        ("[::1]:8000", True),
+        ("192.168.1.20:8000", True),  # an address cannot be re-pointed
+        ("labels.example.org", True),  # given to the app
+        ("rebind.attacker.example:8000", False),
+        ("127.0.0.1.nip.io:8000", False),
+        ("", False),
+    ],
+)
+def test_only_allowed_host_names_are_answered(db, host, allowed):
+    """A DNS-rebinding page reaches the server under its own name: refused, pages and API."""
+    app = create_app(db, hosts=["labels.example.org"])
+    with TestClient(app, base_url=LOCAL) as client:
+        headers = {"host": host}
+        page = client.get("/login", headers=headers)
+        login = client.post("/api/login", json={"name": "mallory"}, headers=headers)
+    assert (page.status_code, login.status_code) == ((200, 200) if allowed else (400, 400))
+    if not allowed:
+        assert "is not one this server answers to" in login.json()["error"]
 
 
 def test_oversized_bodies_are_refused(client):
@@ -249,6 +411,34 @@ def test_prepare_from_a_file_then_export(tmp_path, capsys):
     assert main(["label", "export", "--db", db, "--out", out, "--aggregate", "majority"]) == 0
     assert (tmp_path / "prefs.jsonl").read_text() == ""  # no votes yet
     assert f"result:         {out}" in capsys.readouterr().out
+    assert (tmp_path / "prefs.summary.json").is_file()  # where --help says it is
+    with pytest.raises(SystemExit):
+        main(["label", "export", "--help"])
+    assert "(runs/label/preferences.summary.json)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_prepare_leaves_out_a_record_with_two_identical_responses(tmp_path, caplog):
+    rows = [
+        {"prompt": "a", "responses": ["same", "same"]},
+        {"prompt": "b", "responses": ["x", "y", "x"]},
+        {"prompt": "c", "responses": ["x", "y"]},
+    ]
+    db = tmp_path / "l.db"
+    assert (
+        main(
+            [
+                "label",
+                "prepare",
+                "--db",
+                str(db),
+                "--responses",
+                write_jsonl(tmp_path / "r.jsonl", rows),
+            ]
+        )
+        == 0
+    )
+    assert [t.prompt for t in Store(db).tasks().values()] == ["c"]
+    assert "2 of 3 records left out: two of their responses are the same text" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -300,7 +490,7 @@ def test_prepare_refuses_bad_settings(tmp_path, capsys):
     assert "no such labelling database" in capsys.readouterr().err
 
 
-def test_prepare_samples_from_models_end_to_end(tiny_model_dir, tmp_path):
+def test_prepare_samples_from_models_end_to_end(tiny_model_dir, tmp_path, monkeypatch):
     prompts = write_jsonl(
         tmp_path / "p.jsonl", [{"prompt": p} for p in ("The cat", "A dog", "My friend")]
     )
@@ -317,7 +507,12 @@ def test_prepare_samples_from_models_end_to_end(tiny_model_dir, tmp_path):
     ids, _ = encode_prompts([PromptRecord(t.prompt) for t in tasks], tokenizer, 128)
     (batch,) = sample_responses(model, tokenizer, ids, SamplingConfig(8), seed=2, batch_size=32)
     assert [t.responses[1] for t in tasks] == batch.responses
-    # The same seed samples the same responses: preparing again adds nothing.
+
+    # Preparing again samples nothing (every prompt has its task) and adds nothing.
+    def sample_again(*args, **kwargs):
+        raise AssertionError("a prompt that has its task was sampled again")
+
+    monkeypatch.setattr(prepare_module, "_sample", sample_again)
     assert main([*args, "--device", "cpu", "--seed", "1"]) == 0
     assert len(Store(db).tasks()) == len(tasks)
     config = PrepareConfig(models=[str(tiny_model_dir)], k=2)

@@ -45,6 +45,7 @@ CHROMIUM_FLAGS = [
 ]
 DOCS_IMG = Path(__file__).resolve().parents[1] / "docs" / "img"
 
+ADMIN = "the-admin-token"
 SCRIPT = "<script>alert(1)</script>"
 IMG = "<img src=x onerror=\"window.__xss = 1; alert('xss')\">"
 HOSTILE = f"{IMG} **not bold**\n\x1b[31m{SCRIPT}"
@@ -70,7 +71,7 @@ def serve_in_thread(db, labels_per_task):
     from rlhfkit.labelling.serve import listening_socket
 
     sock = listening_socket("127.0.0.1", 0)
-    app = create_app(db, labels_per_task=labels_per_task)
+    app = create_app(db, labels_per_task=labels_per_task, admin_token=ADMIN)
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -167,7 +168,7 @@ def test_a_labeller_votes_with_mouse_and_keys_and_the_export_holds_those_votes(
         assert page.locator(".response .ctrl").text_content() == "\\x1b"
         assert page.locator(".response img, .response script, .response b").count() == 0
         assert page.evaluate("window.__xss") is None
-        page.screenshot(path=shots / "labelling-pair.png", full_page=True)
+        page.screenshot(path=shots / "labelling-pair.png")
         page.keyboard.press("2")
         expected[2, "ann"] = (original(2, texts[1]), original(2, texts[0]))
 
@@ -196,11 +197,11 @@ def test_a_labeller_votes_with_mouse_and_keys_and_the_export_holds_those_votes(
         page.keyboard.press("Backspace")  # ...undone
         assert page.locator("#order").text_content() == f"{slots[0] + 1} > {slots[1] + 1}"
         assert page.locator('[data-action="submit"]').is_disabled()
-        page.screenshot(path=shots / "labelling-ranking.png", full_page=True)
+        page.screenshot(path=shots / "labelling-ranking.png")
         page.keyboard.press(str(slots[2] + 1))
         page.focus(f'[data-slot="{slots[3]}"]')
         page.keyboard.press(" ")  # the focused card takes the last place
-        assert page.locator(f'[data-slot="{slots[0]}"] .place').text_content() == "#1"
+        assert page.locator(f'[data-slot="{slots[0]}"] .place').text_content() == "placed 1st"
         page.keyboard.press("Enter")
         expected[5, "ann"] = best_first
 
@@ -227,13 +228,28 @@ def test_a_labeller_votes_with_mouse_and_keys_and_the_export_holds_those_votes(
         wait_for_task(bob, 3)
         bob.close()
 
+        # ann sees her own progress only; the admin (the token `serve` prints) everyone's.
         page.goto(f"{url}/progress")
-        table = " ".join(page.locator("#labellers").inner_text().split())
-        assert table == "Labeller Votes Preferences Ties Skips ann 6 4 1 1 bob 2 2 0 0"
-        agreement = page.locator("#agreement").inner_text()
+        assert "6 votes by you" in page.locator("#mine").inner_text()
+        assert "bob" not in page.content()
+        admin = browser.new_page(viewport={"width": 1100, "height": 820})
+        admin.goto(url)
+        admin.fill("#token", ADMIN)
+        admin.keyboard.press("Enter")
+        admin.wait_for_selector("#labellers")
+        table = " ".join(admin.locator("#labellers").inner_text().split())
+        assert table == (
+            "Labeller Votes Preferences Ties All bad Skips Access "
+            "ann 6 4 1 0 1 Disable bob 2 2 0 0 0 Disable"
+        )
+        agreement = admin.locator("#agreement").inner_text()
         assert "On the 2 tasks labelled by two or more people" in agreement
         assert "raw agreement 50.0%" in agreement
-        page.screenshot(path=shots / "labelling-progress.png", full_page=True)
+        admin.screenshot(path=shots / "labelling-progress.png", full_page=True)
+        admin.set_viewport_size({"width": 390, "height": 844})  # a phone: nothing overflows
+        assert admin.evaluate("document.documentElement.scrollWidth") <= 390
+        admin.screenshot(path=shots / "labelling-progress-phone.png", full_page=True)
+        admin.close()
 
     assert not dialogs, dialogs
     assert errors == ["Failed to load resource: net::ERR_CONNECTION_RESET"]  # the lost answer
@@ -248,7 +264,152 @@ def test_a_labeller_votes_with_mouse_and_keys_and_the_export_holds_those_votes(
         for r in records
     }
     assert exported == expected and len(records) == len(expected)
-    assert summary["left_out"] == {"tie": 1, "skip": 1}
+    assert summary["left_out"] == {"tie": 1, "bad": 0, "skip": 1}
     rated = next(r for r in records if r["task_id"] == 3)
     assert (rated["ratings"], rated["flags"]) == ([6], ["nonsense"])
+    page.close()
+
+
+# ------------------------------------------------------------------------ keyboard only
+KEYBOARD_TASKS = [
+    ("First pair.", ["left one", "right one"]),
+    ("Second pair.", ["left two", "right two"]),
+    ("A ranking to call a tie.", ["x", "y", "z"]),
+    ("A ranking to skip.", ["u", "v", "w"]),
+]
+
+
+def tab_to(page, selector, presses=40):
+    """Press Tab until the element matching `selector` has the focus; keys only, no clicks."""
+    for _ in range(presses):
+        if page.evaluate("(s) => document.activeElement.matches(s)", selector):
+            return
+        page.keyboard.press("Tab")
+    raise AssertionError(f"Tab never reached {selector}")
+
+
+def assert_focus_is_visible(page):
+    style = page.evaluate(
+        "() => { const s = getComputedStyle(document.activeElement);"
+        " return [s.outlineStyle, s.outlineWidth, s.boxShadow]; }"
+    )
+    assert style[0] != "none" and style[1] != "0px" or style[2] != "none", style
+
+
+def test_keyboard_only_every_control_does_what_its_label_says(browser, tmp_path):
+    """Signed in and labelled with the keyboard alone: a focused button does what it says
+    (never the page's shortcut for the same key), arrows on the rating only rate, and the
+    focus can always be seen; the controls have the roles and names a screen reader reads."""
+    db = tmp_path / "labels.db"
+    store = Store(db, create=True)
+    store.add_tasks(KEYBOARD_TASKS)
+    store.close()
+    page = browser.new_page(viewport={"width": 1100, "height": 820})
+
+    def votes():
+        store = Store(db)
+        try:
+            return {v.task_id: v for v in store.votes()}
+        finally:
+            store.close()
+
+    with serve_in_thread(db, labels_per_task=1) as url:
+        page.goto(url)
+        page.keyboard.type("kim")  # the name field has the focus
+        page.keyboard.press("Enter")
+
+        # Task 1: Tab to "A is better", Space: A (the page's shortcut for Space is a tie).
+        wait_for_task(page, 1)
+        assert page.get_by_role("button", name="A is better", exact=True).count() == 1
+        assert page.get_by_role("radiogroup", name="Overall quality").count() == 1
+        assert page.get_by_label("Flag").count() == 1
+        a, b = slot_texts(page)
+        tab_to(page, '[data-choice="a"]')
+        assert_focus_is_visible(page)
+        page.keyboard.press(" ")
+        wait_for_task(page, 2)
+        first = votes()[1]
+        assert first.choice == "rank"
+        assert KEYBOARD_TASKS[0][1][first.ranking[0]] == a
+
+        # Task 2: the arrows on the rating change the rating and never vote.
+        a, b = slot_texts(page)
+        tab_to(page, 'input[name="rating"]')
+        assert_focus_is_visible(page)
+        for _ in range(3):
+            page.keyboard.press("ArrowRight")
+        assert page.locator('input[name="rating"]:checked').get_attribute("value") == "4"
+        assert page.evaluate("document.activeElement.name") == "rating"
+        page.keyboard.press("ArrowLeft")
+        time.sleep(0.3)  # a vote would be on its way by now
+        assert page.locator("#task").get_attribute("data-task") == "2" and 2 not in votes()
+        assert page.locator('input[name="rating"]:checked').get_attribute("value") == "3"
+        tab_to(page, '[data-choice="b"]')
+        page.keyboard.press("Enter")
+        wait_for_task(page, 3)
+        second = votes()[2]
+        assert KEYBOARD_TASKS[1][1][second.ranking[0]] == b and second.rating == 3
+
+        # Task 3, K = 3: Enter on a focused "All equally good" is a tie.
+        assert page.get_by_role("listbox").count() == 1
+        assert page.get_by_role("option").count() == 3
+        tab_to(page, '[data-choice="tie"]')
+        assert_focus_is_visible(page)
+        page.keyboard.press("Enter")
+        wait_for_task(page, 4)
+        assert votes()[3].choice == "tie"
+
+        # Task 4, K = 3: a card placed from the keyboard, then Space on a focused "Skip" skips
+        # (Enter and Space there were the shortcuts for submit and place).
+        tab_to(page, ".rankable")
+        assert_focus_is_visible(page)
+        page.keyboard.press(" ")
+        assert page.locator('.rankable[aria-selected="true"]').count() == 1
+        tab_to(page, '[data-choice="skip"]')
+        page.keyboard.press(" ")
+        page.wait_for_selector("text=Nothing left for you to label")
+        assert votes()[4].choice == "skip" and len(votes()) == 4
+    page.close()
+
+
+def test_on_a_phone_the_vote_is_in_reach_and_a_failure_is_plain(browser, shots, tmp_path):
+    """390 px wide, long responses: nothing overflows sideways, rating and flag come before
+    the vote buttons, which stay in the window; a vote not saved says so where the labeller
+    looks; "Both are bad" (key x) is a vote."""
+    db = tmp_path / "labels.db"
+    store = Store(db, create=True)
+    long = " ".join(f"word{i}" for i in range(600))
+    store.add_tasks([("A long one.", [f"First: {long}", f"Second: {long}"])])
+    store.close()
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    with serve_in_thread(db, labels_per_task=1) as url:
+        page.goto(url)
+        page.fill("#name", "pat")
+        page.keyboard.press("Enter")
+        wait_for_task(page, 1)
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        button = page.locator('[data-choice="bad"]').bounding_box()
+        assert button["y"] + button["height"] <= 844  # in the window, not 3,000 px down
+        before = page.evaluate(
+            "document.querySelector('.extras').compareDocumentPosition("
+            "document.querySelector('.actions')) & Node.DOCUMENT_POSITION_FOLLOWING"
+        )
+        assert before
+        page.screenshot(path=shots / "labelling-pair-phone.png")
+
+        def refuse(route):
+            route.fulfill(status=409, json={"error": "pat already voted on task 1"})
+
+        page.route("**/api/votes", refuse)
+        page.keyboard.press("x")
+        status = page.locator("#status.problem")
+        status.wait_for()
+        assert status.inner_text().startswith("Not saved: pat already voted")
+        box = status.bounding_box()
+        assert box["y"] + box["height"] <= 844
+        page.unroute("**/api/votes")
+        page.keyboard.press("x")
+        page.wait_for_selector("text=Nothing left for you to label")
+    (vote,) = Store(db).votes()
+    assert vote.choice == "bad"
     page.close()

@@ -12,11 +12,12 @@ import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import pytest
 
-from rlhfkit.config import ConfigError
+from rlhfkit.errors import UsageError
 from rlhfkit.labelling.export import export_records
 from rlhfkit.labelling.serve import ServeConfig
 from rlhfkit.labelling.store import Store
@@ -83,14 +84,48 @@ def vote_next(client, vote_id=None):
 
 
 def test_serve_beyond_this_machine_needs_tokens():
-    with pytest.raises(ConfigError, match="ServeConfig.labellers = \\[\\] is not allowed"):
+    with pytest.raises(UsageError, match="ServeConfig.labellers = \\[\\] is not allowed"):
         ServeConfig(host="0.0.0.0")
     assert not ServeConfig(host="0.0.0.0", labellers=["ann"]).local
     assert ServeConfig(host="localhost").local and ServeConfig(host="127.0.0.2").local
-    with pytest.raises(ConfigError, match="ServeConfig.host = 'no.such.host.invalid'"):
+    with pytest.raises(UsageError, match="ServeConfig.host = 'no.such.host.invalid'"):
         ServeConfig(host="no.such.host.invalid")
-    with pytest.raises(ConfigError, match="ServeConfig.labellers"):
+    with pytest.raises(UsageError, match="ServeConfig.labellers"):
         ServeConfig(labellers=["ann\x1b"])
+
+
+HEAVY = ("torch", "pandas", "pyarrow", "transformers", "datasets", "accelerate", "numpy")
+
+
+def test_serving_imports_no_ml_library(tmp_path):
+    """`rlhfkit label serve` parses its options, opens the database and builds the app without
+    torch, pandas, pyarrow or transformers: it starts at once and stays small."""
+    db = make_db(tmp_path / "l.db", 3)
+    script = (
+        "import sys\n"
+        "from rlhfkit.cli import parse_command\n"
+        "from rlhfkit.labelling.app import create_app\n"
+        f"_, config = parse_command('label serve', ['--db', {str(db)!r}])\n"
+        "create_app(config.db, admin_token='x', hosts=config.hosts)\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_running_server_is_small_and_prints_an_admin_token(tmp_path):
+    db = make_db(tmp_path / "l.db", 3)
+    with live_server(db) as (url, process, lines):
+        maps = Path(f"/proc/{process.pid}/maps").read_text()
+        status = Path(f"/proc/{process.pid}/status").read_text()
+        (token,) = re.findall(r"admin token \(.*\): (\S+)", "".join(lines))
+        admin = api(url, token=token)
+        assert admin.get("/api/progress").json()["tasks"] == 3
+        assert httpx.get(f"{url}progress", follow_redirects=False).status_code == 303
+    assert "libtorch" not in maps and "arrow" not in maps
+    rss_kb = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
+    assert rss_kb < 100 * 1024, f"{rss_kb} kB"
 
 
 def test_tokens_and_votes_outlive_a_killed_server(tmp_path):
@@ -158,12 +193,13 @@ def test_load_8_clients_200_votes_each(tmp_path):
         assert client.get("/api/next").json()["task"] is None
         return sent
 
-    with live_server(db, "--labels_per_task", str(clients)) as (url, _, _):
+    with live_server(db, "--labels_per_task", str(clients)) as (url, _, lines):
         start = time.perf_counter()
         with ThreadPoolExecutor(clients) as pool:
             sent = list(pool.map(labeller, range(clients), [url] * clients))
         seconds = time.perf_counter() - start
-        progress = httpx.get(f"{url}api/progress").json()
+        (token,) = re.findall(r"admin token \(.*\): (\S+)", "".join(lines))
+        progress = api(url, token=token).get("/api/progress").json()
     acknowledged = [vote_id for ids in sent for vote_id in ids]
     store = Store(db)
     votes = store.votes()

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from rlhfkit.data import Comparison, DataError, Ranking, load_records
+from rlhfkit.data import Comparison, Ranking, load_records
 from rlhfkit.labelling import store as store_module
 from rlhfkit.labelling.agreement import agreement, cohen_kappa, pair_labels, raw_agreement
 from rlhfkit.labelling.display import prompt_turns, visible, visible_html
@@ -16,8 +16,9 @@ from rlhfkit.labelling.export import (
     export_records,
     majority_ranking,
     run_export,
+    summary_path,
 )
-from rlhfkit.labelling.store import LoginError, Store, Vote, VoteError
+from rlhfkit.labelling.store import DatabaseError, LoginError, Store, Vote, VoteError
 
 PAIR = ("Say hi.", ["Hi!", "Hello there."])
 RANK = ([{"role": "user", "content": "Count."}], ["one", "two", "three", "four"])
@@ -47,10 +48,39 @@ def shown_and_vote(store, labeller, order=None, choice="rank", labels_per_task=1
 
 
 # ------------------------------------------------------------------------------- display
-def test_visible_names_every_invisible_character_and_keeps_layout():
-    text = "a\x1b[31mred\x00\x08 b\u202eevil\u200b c\r\nnext\tcol\x7f\x85"
-    assert visible(text) == "a\\x1b[31mred\\x00\\x08 b\\u202eevil\\u200b c\nnext\tcol\\x7f\\x85"
+def test_visible_names_every_deceptive_character_and_keeps_layout():
+    text = "a\x1b[31mred\x00\x08 b\u202eevil\u2066x\u2069 c\r\nnext\tcol\x7f\x85\rz"
+    assert visible(text) == (
+        "a\\x1b[31mred\\x00\\x08 b\\u202eevil\\u2066x\\u2069 c\nnext\tcol\\x7f\\x85\\rz"
+    )
     assert visible("<script>alert(1)</script> **bold**") == "<script>alert(1)</script> **bold**"
+
+
+DECEPTIVE = [chr(c) for c in (*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0))]
+DECEPTIVE += [chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))]
+
+
+def test_visible_shows_real_text_as_it_is_and_neutralises_only_what_deceives():
+    """By character class: joiners, non-joiners and the direction marks are part of real text
+    (a family emoji, a Persian word, mixed-direction punctuation) and stay; the controls and
+    the bidi embeddings, overrides and isolates, which reorder what follows, are escaped."""
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466"
+    persian = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"  # می‌خواهم
+    real = [
+        family,
+        persian,
+        "\U0001f3f3\ufe0f\u200d\U0001f308",  # rainbow flag: a ZWJ sequence
+        "\U0001f1eb\U0001f1f7",  # a flag of two regional indicators
+        "price: 10\u200e$ \u05e9\u05dc\u05d5\u05dd\u200f!",  # LRM, Hebrew, RLM
+        "\u0627\u061c123",  # Arabic letter mark
+        "soft\u00adhyphen, zero\u200bwidth, word\u2060joiner",
+    ]
+    for text in real:
+        assert visible(text) == text and visible_html(text) == text, ascii(text)
+    for character in DECEPTIVE:
+        shown = visible(f"a{character}b")
+        assert character not in shown and shown.startswith("a\\") and shown.endswith("b")
+        assert visible_html(character).startswith('<span class="ctrl"')
 
 
 def test_visible_html_escapes_and_marks_what_it_replaced():
@@ -73,14 +103,14 @@ def test_database_is_wal_with_full_sync_and_refuses_other_files(tmp_path, store)
     db = store._connection()
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    with pytest.raises(DataError, match="no such labelling database"):
+    with pytest.raises(DatabaseError, match="no such labelling database"):
         Store(tmp_path / "missing.db")
     other = tmp_path / "other.db"
     sqlite3.connect(other).execute("CREATE TABLE t (x)").connection.close()
-    with pytest.raises(DataError, match="not a labelling database"):
+    with pytest.raises(DatabaseError, match="not a labelling database"):
         Store(other)
     (tmp_path / "text.db").write_text("not sqlite at all, just some text in a file" * 10)
-    with pytest.raises(DataError, match="not a labelling database"):
+    with pytest.raises(DatabaseError, match="not a labelling database"):
         Store(tmp_path / "text.db")
 
 
@@ -159,7 +189,7 @@ def test_a_retried_vote_is_stored_once_and_answered_the_same(store):
         ({"labeller": "bob"}, 409, "was not shown to bob"),
         ({"task_id": 9}, 404, "no task 9"),
         ({"vote_id": "not-a-uuid"}, 422, "is not a UUID"),
-        ({"choice": "best"}, 422, "is not one of rank, tie, skip"),
+        ({"choice": "best"}, 422, "is not one of rank, tie, bad, skip"),
         ({"order": [0, 0]}, 422, "not a permutation of the slots 0..1"),
         ({"order": None}, 422, "not a permutation"),
         ({"choice": "tie"}, 422, "takes no order"),
@@ -243,9 +273,89 @@ def test_progress_counts(store):
     counts = store.counts(2)
     assert counts["tasks"] == 2 and counts["tasks_started"] == 1 and counts["tasks_done"] == 1
     assert counts["votes"] == 3
-    assert counts["labellers"]["bob"] == {"votes": 2, "rank": 0, "tie": 1, "skip": 1}
+    assert counts["labellers"]["bob"] == {"votes": 2, "rank": 0, "tie": 1, "bad": 0, "skip": 1}
     assert store.labeller_progress("ann", 2) == {"votes": 1, "left": 1}
     assert store.labeller_progress("bob", 2) == {"votes": 2, "left": 0}
+
+
+def test_a_disabled_labeller_is_signed_out_and_their_open_task_goes_back(store):
+    store.add_tasks([PAIR])
+    secret, _ = store.sign_in(name="eve")
+    assert store.next_task("eve", 1).task.id == 1
+    store.set_disabled("eve")
+    assert store.labeller_of(secret) is None
+    with pytest.raises(LoginError, match="eve may no longer sign in"):
+        store.sign_in(name="eve")
+    assert store.next_task("ann", 1).task.id == 1  # eve's unanswered task is free again
+    assert store.labellers()["eve"] is True and store.labellers()["ann"] is False
+    store.set_disabled("eve", False)
+    assert store.labeller_of(store.sign_in(name="eve")[0]) == "eve"
+    with pytest.raises(LoginError, match="no labeller 'zed'"):
+        store.set_disabled("zed")
+
+
+def test_a_labeller_can_take_back_their_latest_votes_and_vote_again(store):
+    store.add_tasks([PAIR, ("Second", ["x", "y"]), ("Third", ["p", "q"])])
+    first = shown_and_vote(store, "ann", [0, 1]).vote
+    second = shown_and_vote(store, "ann", choice="tie").vote
+    assert store.next_task("ann", 1).task.id == 3  # shown, not answered yet
+    assert store.reopen_last("ann") == second
+    assert store.next_task("ann", 1).task.id == 2  # the task taken back comes first
+    again = store.record_vote("ann", new_id(), 2, "rank", [1, 0]).vote
+    assert [v.id for v in store.votes()] == [first.id, again.id]
+    assert store.reopen_last("ann") == again and store.reopen_last("ann") == first
+    assert store.reopen_last("ann") is None and store.reopen_last("bob") is None
+    assert store.next_task("ann", 1).task.id == 1
+
+
+def test_a_database_of_schema_1_is_brought_up_to_date(tmp_path):
+    path = tmp_path / "old.db"
+    Store(path, create=True).close()
+    db = sqlite3.connect(path)  # back to schema 1: no `disabled`, no "bad" choice
+    db.execute("ALTER TABLE labellers DROP COLUMN disabled")
+    db.execute("DROP TABLE votes")
+    db.execute(V1_VOTES)
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO labellers (name, created) VALUES ('ann', 0)")
+    db.execute("INSERT INTO tasks VALUES (1, '\"p\"', '[\"a\", \"b\"]', 2, 'd', 0)")
+    db.execute("INSERT INTO shown VALUES (1, 'ann', '[0, 1]', 0)")
+    db.execute("INSERT INTO votes VALUES ('old', 1, 'ann', 'tie', NULL, 3, 'ok', 0)")
+    db.commit()
+    with pytest.raises(sqlite3.IntegrityError):  # schema 1 knows no "bad"
+        db.execute("UPDATE votes SET choice = 'bad'")
+    db.close()
+    store = Store(path)
+    assert store.labellers() == {"ann": False}
+    (old,) = store.votes()
+    assert (old.id, old.choice, old.rating, old.flag) == ("old", "tie", 3, "ok")
+    store.sign_in(name="bob")
+    store.next_task("bob", 2)
+    assert store.record_vote("bob", new_id(), 1, "bad").vote.choice == "bad"
+    store.set_disabled("ann")
+    assert store.labellers() == {"ann": True, "bob": False}
+    store.close()
+
+
+V1_VOTES = """CREATE TABLE votes (
+    id TEXT PRIMARY KEY, task_id INTEGER NOT NULL, labeller TEXT NOT NULL,
+    choice TEXT NOT NULL CHECK (choice IN ('rank', 'tie', 'skip')), ranking TEXT,
+    rating INTEGER CHECK (rating BETWEEN 1 AND 7), flag TEXT, created REAL NOT NULL,
+    UNIQUE (task_id, labeller), FOREIGN KEY (task_id, labeller) REFERENCES shown (task_id, labeller)
+)"""
+
+
+def test_a_task_id_beyond_sqlite_integers_is_no_task(store):
+    store.add_tasks([PAIR])
+    for task_id in (10**30, -(10**30), 2**63):
+        with pytest.raises(VoteError, match="no task") as info:
+            store.record_vote("ann", new_id(), task_id, "skip")
+        assert info.value.status == 404
+    nested: list = []
+    for _ in range(500):
+        nested = [nested]
+    with pytest.raises(VoteError) as info:
+        store.record_vote("ann", nested, 1, "skip")
+    assert info.value.status == 422 and len(str(info.value)) < 200
 
 
 # ----------------------------------------------------------------------------- agreement
@@ -255,6 +365,12 @@ def vote(task, labeller, label, k=2):
         return Vote(new_id(), task, labeller, k, "tie", None, None, None, 0.0)
     ranking = [0, 1] if label == "i" else [1, 0]
     return Vote(new_id(), task, labeller, k, "rank", ranking, None, None, 0.0)
+
+
+def test_all_bad_prefers_no_response_as_a_tie_does():
+    bad = Vote(new_id(), 1, "ann", 3, "bad", None, 1, "nonsense", 0.0)
+    assert pair_labels(bad) == {(0, 1): "tie", (0, 2): "tie", (1, 2): "tie"}
+    assert majority_ranking(3, [rank_vote(1, "bob", [0, 1, 2], 3), bad]) is None
 
 
 def test_cohen_kappa_of_a_textbook_table():
@@ -335,9 +451,47 @@ def test_export_writes_what_rm_and_dpo_read_and_counts_ties_and_skips(tmp_path, 
     assert records[0] == Comparison("Say hi.", "Hello there.", "Hi!")
     assert records[2] == Ranking(RANK[0], RANK[1], [2, 0, 3, 1])
     summary = json.loads(out.with_suffix(".summary.json").read_text())
-    assert summary["records"] == 3 and summary["left_out"] == {"tie": 1, "skip": 1}
+    assert summary["records"] == 3 and summary["left_out"] == {"tie": 1, "bad": 0, "skip": 1}
     assert summary["agreement"]["items"] == 1 + 6  # task 1's pair, task 2's six pairs
     assert summary["agreement"]["agreement"] == pytest.approx(1 / 7)
+
+
+def test_flags_and_ratings_given_with_ties_and_skips_reach_the_export_and_its_summary(
+    tmp_path, store
+):
+    store.add_tasks([PAIR, RANK, ("Third", ["p", "q"])])
+    shown_and_vote(store, "ann", [1, 0], labels_per_task=2, rating=6)
+    shown_and_vote(store, "bob", choice="tie", labels_per_task=2, rating=4, flag="harmful")
+    shown_and_vote(store, "ann", choice="bad", labels_per_task=2, rating=2)  # task 2: no record
+    shown_and_vote(store, "bob", choice="skip", labels_per_task=2, flag="private information")
+    shown_and_vote(store, "ann", choice="skip", labels_per_task=2, rating=1, flag="nonsense")
+    out = run_export(ExportConfig(db=str(store.path), out=str(tmp_path / "prefs.jsonl")))
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["task_id"] == 1 and row["ratings"] == [6] and row["skips"] == row["bad"] == []
+    (tie,) = row["ties"]
+    assert (tie["labeller"], tie["rating"], tie["flag"]) == ("bob", 4, "harmful")
+    assert load_records(out, "comparisons") == [Comparison("Say hi.", "Hello there.", "Hi!")]
+    summary = json.loads(summary_path(out).read_text())
+    assert summary_path(out) == tmp_path / "prefs.summary.json"
+    assert summary["flags"] == {
+        "rank": {},
+        "tie": {"harmful": 1},
+        "bad": {},
+        "skip": {"private information": 1, "nonsense": 1},
+    }
+    assert summary["ratings"] == {
+        "rank": {"6": 1},
+        "tie": {"4": 1},
+        "bad": {"2": 1},
+        "skip": {"1": 1},
+    }
+    assert summary["left_out"] == {"tie": 1, "bad": 1, "skip": 2}
+    flagged = {(f["task_id"], f["choice"], f["labeller"], f["flag"]) for f in summary["flagged"]}
+    assert flagged == {
+        (1, "tie", "bob", "harmful"),
+        (2, "skip", "bob", "private information"),
+        (3, "skip", "ann", "nonsense"),
+    }
 
 
 def test_export_by_majority_writes_one_record_per_task(store):
@@ -353,7 +507,7 @@ def test_export_by_majority_writes_one_record_per_task(store):
         "bob",
         "cat",
     ]
-    assert summary["left_out"] == {"tie": 0, "skip": 0, "no_majority": 1}
+    assert summary["left_out"] == {"tie": 0, "bad": 0, "skip": 0, "no_majority": 1}
 
 
 def test_export_config_checks_its_fields():

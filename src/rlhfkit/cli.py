@@ -62,6 +62,10 @@ class Command:
     """Other names for the command."""
     distributed: bool = False
     """Whether it runs as one of several processes under a launcher (the training stages)."""
+    light: bool = False
+    """Whether it runs without the ML libraries (a server of a SQLite file): its options are
+    parsed without `rlhfkit.config` (which imports torch), so it starts at once and stays
+    small; its config raises `UsageError` (exit 2) where others raise `ConfigError`."""
 
 
 COMMANDS: dict[str, Command] = {
@@ -141,6 +145,7 @@ COMMANDS: dict[str, Command] = {
         "rlhfkit.labelling.serve:ServeConfig",
         "rlhfkit.labelling.serve:run_serve",
         "the labelling web app: people compare or rank the responses",
+        light=True,
     ),
     "label export": Command(
         "rlhfkit.labelling.export:ExportConfig",
@@ -308,13 +313,15 @@ def run_command(name: str, args: Sequence[str]) -> Any:
 
 def parse_command(name: str, args: Sequence[str]) -> tuple[Command, Any]:
     """The command named `name` and its config from `args`; what `run_command` runs."""
-    from rlhfkit.config import ConfigError, config_from_namespace, config_parser
-
     resolved = _resolve(name)
     if resolved is None:
         raise SystemExit(f"rlhfkit: unknown command {name!r}; see `rlhfkit --help`")
     name, command = resolved
     _refuse_several_processes(name, command)
+    if command.light:
+        return command, _parse_light(name, _load(command.config), args)
+    from rlhfkit.config import ConfigError, config_from_namespace, config_parser
+
     config_cls = _load(command.config)
     _refuse_other_spellings(name, args, {f.name for f in dataclasses.fields(config_cls)})
     parser = config_parser(config_cls, prog=f"rlhfkit {name}")
@@ -324,6 +331,25 @@ def parse_command(name: str, args: Sequence[str]) -> tuple[Command, Any]:
     except ConfigError as error:
         parser.error(str(error))
     return command, config
+
+
+def _parse_light(name: str, config_cls: type, args: Sequence[str]) -> Any:
+    """A light command's config from `args`: the parser of `config.config_parser` (the same
+    options, help and YAML files), built here because `rlhfkit.config` imports torch."""
+    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    parser = ArgumentParser(
+        prog=f"rlhfkit {name}", description=config_cls.__doc__, allow_abbrev=False
+    )
+    parser.add_argument("--config", action=ActionConfigFile, help="YAML file with field values.")
+    parser.add_class_arguments(config_cls, nested_key=None, fail_untyped=True)
+    namespace = parser.parse_args(_lists_of_one(args, _list_fields(config_cls)))
+    values = {f.name: namespace[f.name] for f in dataclasses.fields(config_cls)}
+    try:
+        return config_cls(**values)
+    except UsageError as error:
+        parser.error(str(error))
 
 
 def _refuse_several_processes(name: str, command: Command) -> None:
@@ -361,17 +387,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     debug = "--debug" in flags or os.environ.get(DEBUG_ENV, "0") not in ("", "0")
+    resolved = _resolve(name)
+    light = resolved is not None and resolved[1].light
     try:
-        if "--verbose" not in flags:
+        if "--verbose" not in flags and not light:
             _hide_library_progress_bars()
         if "--bounded-memory" in flags:  # before any model is loaded, or too late
             from rlhfkit.runtime.allocator import bound_held_memory
 
             bound_held_memory()
         result, config = run_command(name, args)
-        from rlhfkit.runtime.distributed import leave_process_group
+        if not light:
+            from rlhfkit.runtime.distributed import leave_process_group
 
-        leave_process_group()  # under a launcher: every process done before any exits
+            leave_process_group()  # under a launcher: every process done before any exits
     except KeyboardInterrupt:
         print(f"\nrlhfkit {name}: interrupted", file=sys.stderr)
         return 130

@@ -4,7 +4,8 @@ Every vote is read as judgments on pairs of responses, the same pairs the reward
 trained on (InstructGPT's K-choose-2 comparisons): for responses i < j of a task, the label
 is "i" (i is better), "j" (j is better) or "tie". A pair vote (K = 2) is one judgment; a
 ranking of K > 2 responses gives all K(K-1)/2 of them, as induced by its order; a tie vote
-gives "tie" on every pair; a skip gives nothing. InstructGPT reports agreement between its
+(all equally good) and a "bad" vote (all equally bad) give "tie" on every pair (neither
+prefers a response); a skip gives nothing. InstructGPT reports agreement between its
 labellers as such a share (Ouyang et al. 2022: 72.6% between training labellers).
 
 For two labellers, over the pairs they both judged:
@@ -38,7 +39,7 @@ def pair_labels(vote: Vote) -> dict[tuple[int, int], str]:
     """The judgments a vote makes on each response pair (i, j), i < j: "i", "j" or "tie"."""
     if vote.choice == "skip":
         return {}
-    if vote.choice == "tie":
+    if vote.choice in ("tie", "bad"):  # all equally good, or all equally bad: no preference
         return {pair: "tie" for pair in combinations(range(vote.k), 2)}
     position = {response: rank for rank, response in enumerate(vote.ranking or [])}
     return {

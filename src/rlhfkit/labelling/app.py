@@ -1,30 +1,50 @@
 """The labelling web app (Starlette, Jinja2 templates with autoescape): pages and a JSON API.
 
-Pages, rendered on the server: `/login`, `/` (the next task, or "nothing left"), `/progress`.
+Pages, rendered on the server: `/login`, `/` (the next task, or "nothing left"), `/progress`
+(by role, below); their forms POST to `/login`, `/logout`, `/reopen` ("Change my last vote")
+and `/progress/labellers` (the admin's Disable and Enable).
 The page's script (`static/label.js`) adds the keyboard, the ranking by clicks, and sends the
 vote to the API with the UUID it made when the page was shown, retrying on a lost connection
 with the same UUID; after a vote it loads `/` again for the next task. The API, which the
 load test also drives:
 
     POST /api/login   {"name": ...} or {"token": ...}      -> {"labeller": ...} + session cookie
+                      {"token": the admin token}           -> {"admin": true} + session cookie
     GET  /api/next                                         -> {"task": {...} or null, "progress"}
-    POST /api/votes   {"id": UUID, "task": id, "choice": "rank" | "tie" | "skip",
+    POST /api/votes   {"id": UUID, "task": id, "choice": "rank" | "tie" | "bad" | "skip",
                        "order": [display slots best first] (rank), "rating": 1-7, "flag": text}
                                                            -> {"vote", "duplicate", "progress"}
-    GET  /api/progress                                     -> counts per labeller, agreement
+    POST /api/votes/reopen                                 -> {"vote": the vote taken back}
+                      (the labeller's latest vote is deleted; its task is their next again)
+    GET  /api/progress    a labeller: their own counts; the admin: every labeller's, agreement
+
+Roles: a labeller sees their own progress only, never another's votes, names or counts (the
+live agreement would tell them how the others voted on the tasks they share). The admin
+(the organiser, signed in with the token `serve` prints at each start; it is held in memory,
+never stored) sees the progress of all, the agreement and the votes per labeller, and can
+disable a labeller (`POST /progress/labellers`, a form of the progress page). The admin does
+not label.
 
 Model text is shown as text: Jinja2 escapes every value, `display` makes control and bidi
 characters visible (in the JSON too), the script sets only `textContent`, and the
 Content-Security-Policy allows no inline script, so even a missed escape could not run one.
 POSTs must come from the app's own origin (the Origin header, when a browser sends one) and
 API POSTs must be JSON, which a cross-site form cannot send; the session cookie is HttpOnly
-and SameSite=Strict.
+and SameSite=Strict, and named after the database, so that two servers on one machine (cookies
+do not tell ports apart) do not sign each other out. Every request must name an allowed host:
+an IP address, `localhost` or a name the server was given (its `--host`): a page whose name
+an attacker re-points at 127.0.0.1 ("DNS rebinding") would otherwise be this app's own origin,
+and could sign in by name and vote.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import ipaddress
 import json
-from collections.abc import AsyncIterator, Callable
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -42,9 +62,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rlhfkit.labelling.agreement import agreement
 from rlhfkit.labelling.display import prompt_turns, visible, visible_html
-from rlhfkit.labelling.store import LoginError, Shown, Store, Vote, VoteError
+from rlhfkit.labelling.store import CHOICES, LoginError, Shown, Store, Vote, VoteError
 
-COOKIE = "rlhfkit_session"
 COOKIE_DAYS = 30
 MAX_BODY = 64 * 1024
 
@@ -106,13 +125,28 @@ def _error(message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": visible(message)}, status_code=status)
 
 
+def _digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def cookie_name(db: str | Path) -> str:
+    """The session cookie's name for the database `db`: one per database, so that servers of
+    two databases on one machine keep their sessions apart."""
+    return "rlhfkit_" + _digest(str(Path(db).resolve()))[:12]
+
+
 class LabellingApp:
     """The routes of the app over one `Store`; `create_app` wraps it in Starlette."""
 
-    def __init__(self, store: Store, labels_per_task: int, require_token: bool):
+    def __init__(
+        self, store: Store, labels_per_task: int, require_token: bool, admin_token: str | None
+    ):
         self.store = store
         self.labels_per_task = labels_per_task
         self.require_token = require_token
+        self.admin_token = admin_token
+        self.cookie = cookie_name(store.path)
+        self._admin_sessions: set[str] = set()  # digests of the admin's session secrets
         environment = Environment(
             loader=PackageLoader("rlhfkit.labelling", "templates"), autoescape=True
         )
@@ -125,40 +159,64 @@ class LabellingApp:
         return await run_in_threadpool(method, *args, **kwargs)
 
     async def _labeller(self, request: Request) -> str | None:
-        return await self._call(self.store.labeller_of, request.cookies.get(COOKIE))
+        return await self._call(self.store.labeller_of, request.cookies.get(self.cookie))
+
+    def _is_admin(self, request: Request) -> bool:
+        secret = request.cookies.get(self.cookie)
+        return bool(secret) and _digest(secret) in self._admin_sessions
 
     async def _progress(self, labeller: str) -> dict[str, int]:
         return await self._call(self.store.labeller_progress, labeller, self.labels_per_task)
 
     def _page(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("labeller", None)
+        context.setdefault("admin", False)
         context["require_token"] = self.require_token
         return self.templates.TemplateResponse(request, template, context, status_code=status)
 
-    async def _sign_in(self, name: str | None, token: str | None) -> tuple[str, str]:
+    async def _sign_in(self, name: str | None, token: str | None) -> tuple[str, str | None]:
+        """(session secret, labeller name), the name None for the admin."""
+        if token and self.admin_token and hmac.compare_digest(token.strip(), self.admin_token):
+            secret = secrets.token_urlsafe(24)
+            self._admin_sessions.add(_digest(secret))
+            return secret, None
         if not token and self.require_token:
             raise LoginError("this server asks for the token you were given")
         return await self._call(self.store.sign_in, name=name, token=token)
 
-    @staticmethod
-    def _with_session(response: Response, secret: str) -> Response:
+    def _with_session(self, response: Response, secret: str) -> Response:
         response.set_cookie(
-            COOKIE, secret, max_age=COOKIE_DAYS * 86400, httponly=True, samesite="strict"
+            self.cookie, secret, max_age=COOKIE_DAYS * 86400, httponly=True, samesite="strict"
         )
         return response
 
     async def _overview(self) -> dict[str, Any]:
+        """What the admin sees: tasks, votes per labeller (every labeller, disabled or not),
+        and the agreement."""
         counts = await self._call(self.store.counts, self.labels_per_task)
         votes = await self._call(self.store.votes)
+        disabled = await self._call(self.store.labellers)
+        no_votes = dict.fromkeys(("votes", *CHOICES), 0)
+        labellers = {
+            name: {**counts["labellers"].get(name, no_votes), "disabled": off}
+            for name, off in disabled.items()
+        }
         return {
             **counts,
             "labels_per_task": self.labels_per_task,
-            "labellers": {visible(name): c for name, c in counts["labellers"].items()},
+            "labellers": {visible(name): c for name, c in labellers.items()},
             "agreement": agreement(votes).as_dict(),
         }
 
+    async def _own_progress(self, labeller: str) -> dict[str, Any]:
+        """What a labeller sees: their own votes by choice and the tasks left for them."""
+        progress = await self._progress(labeller)
+        return {**progress, **await self._call(self.store.choices_of, labeller)}
+
     # ------------------------------------------------------------------------------ pages
     async def home(self, request: Request) -> Response:
+        if self._is_admin(request):
+            return RedirectResponse("/progress", status_code=303)
         labeller = await self._labeller(request)
         if labeller is None:
             return RedirectResponse("/login", status_code=303)
@@ -185,22 +243,37 @@ class LabellingApp:
         return self._with_session(RedirectResponse("/", status_code=303), secret)
 
     async def logout(self, request: Request) -> Response:
-        secret = request.cookies.get(COOKIE)
+        secret = request.cookies.get(self.cookie)
         if secret:
+            self._admin_sessions.discard(_digest(secret))
             await self._call(self.store.sign_out, secret)
         response = RedirectResponse("/login", status_code=303)
-        response.delete_cookie(COOKIE, httponly=True, samesite="strict")
+        response.delete_cookie(self.cookie, httponly=True, samesite="strict")
         return response
 
     async def progress_page(self, request: Request) -> Response:
+        if self._is_admin(request):
+            overview = await self._overview()
+            return self._page(request, "progress.html", admin=True, overview=overview)
         labeller = await self._labeller(request)
-        if labeller is None and self.require_token:
+        if labeller is None:
             return RedirectResponse("/login", status_code=303)
-        progress = await self._progress(labeller) if labeller is not None else None
-        overview = await self._overview()
-        return self._page(
-            request, "progress.html", labeller=labeller, progress=progress, overview=overview
-        )
+        mine = await self._own_progress(labeller)
+        return self._page(request, "mine.html", labeller=labeller, progress=mine)
+
+    async def disable_form(self, request: Request) -> Response:
+        """The admin's form on the progress page: disable (or enable again) a labeller."""
+        if not self._is_admin(request):
+            return _error("only the admin may disable a labeller", 403)
+        form = await request.form()
+        name, action = form.get("name"), form.get("action")
+        if not isinstance(name, str) or action not in ("disable", "enable"):
+            return _error("send a labeller's name and action=disable or enable", 422)
+        try:
+            await self._call(self.store.set_disabled, name, action == "disable")
+        except LoginError as error:
+            return _error(str(error), 404)
+        return RedirectResponse("/progress", status_code=303)
 
     # -------------------------------------------------------------------------------- API
     async def api_login(self, request: Request) -> Response:
@@ -214,7 +287,8 @@ class LabellingApp:
             secret, labeller = await self._sign_in(name, token)
         except LoginError as error:
             return _error(str(error), 401)
-        return self._with_session(JSONResponse({"labeller": visible(labeller)}), secret)
+        answer = {"admin": True} if labeller is None else {"labeller": visible(labeller)}
+        return self._with_session(JSONResponse(answer), secret)
 
     async def api_next(self, request: Request) -> Response:
         labeller = await self._labeller(request)
@@ -260,10 +334,31 @@ class LabellingApp:
             status_code=200 if result.duplicate else 201,
         )
 
-    async def api_progress(self, request: Request) -> Response:
-        if self.require_token and await self._labeller(request) is None:
+    async def reopen_form(self, request: Request) -> Response:
+        """The "Change my last vote" button of the task and done pages: the page of its task."""
+        labeller = await self._labeller(request)
+        if labeller is not None:
+            await self._call(self.store.reopen_last, labeller)
+        return RedirectResponse("/", status_code=303)
+
+    async def api_reopen(self, request: Request) -> Response:
+        """Take back the labeller's latest vote: its task comes again, to vote anew."""
+        labeller = await self._labeller(request)
+        if labeller is None:
             return _error("not signed in", 401)
-        return JSONResponse(await self._overview())
+        vote = await self._call(self.store.reopen_last, labeller)
+        if vote is None:
+            return _error("you have no vote to change", 404)
+        return JSONResponse({"vote": vote_view(vote), "progress": await self._progress(labeller)})
+
+    async def api_progress(self, request: Request) -> Response:
+        if self._is_admin(request):
+            return JSONResponse(await self._overview())
+        labeller = await self._labeller(request)
+        if labeller is None:
+            return _error("not signed in", 401)
+        mine = await self._own_progress(labeller)
+        return JSONResponse({"labeller": visible(labeller), "progress": mine})
 
 
 async def _json_object(request: Request) -> dict[str, Any] | Response:
@@ -274,9 +369,53 @@ async def _json_object(request: Request) -> dict[str, Any] | Response:
         payload = json.loads(await request.body())
     except (ValueError, UnicodeDecodeError):
         return _error("the body is not JSON", 400)
+    except RecursionError:
+        return _error("the body is nested too deeply", 400)
     if not isinstance(payload, dict):
         return _error("the body is not a JSON object", 422)
     return payload
+
+
+LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+
+
+def _host_name(host: str) -> str:
+    """The name or address of a Host header, without its port and brackets, in lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [::1]:8000
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_address(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class AllowedHosts:
+    """ASGI middleware refusing a request whose Host header is not an IP address, a localhost
+    name or one of `names`. A DNS-rebinding page reaches the server under the attacker's name;
+    an address cannot be re-pointed, so an address is always allowed."""
+
+    def __init__(self, app: ASGIApp, names: Iterable[str] = ()):
+        self.app = app
+        self.names = {*LOCAL_NAMES, *(_host_name(name) for name in names)}
+
+    def allowed(self, host: str) -> bool:
+        name = _host_name(host).rstrip(".")
+        return name in self.names or name.endswith(".localhost") or _is_address(name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if not self.allowed(host):
+                refusal = _error(f"host {host!r} is not one this server answers to", 400)
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class SameOrigin:
@@ -298,17 +437,24 @@ class SameOrigin:
 
 
 def create_app(
-    db: str | Path, *, labels_per_task: int = 1, require_token: bool = False
+    db: str | Path,
+    *,
+    labels_per_task: int = 1,
+    require_token: bool = False,
+    admin_token: str | None = None,
+    hosts: Iterable[str] = (),
 ) -> Starlette:
     """The labelling app over the database `db` (made by `rlhfkit label prepare`).
 
     `labels_per_task`: votes (skips not counted) a task needs before it is no longer handed
     out. `require_token`: sign-in only with a token the operator issued (`Store.issue_token`),
-    not with a bare name; what a server reachable beyond this machine needs.
+    not with a bare name; what a server reachable beyond this machine needs. `admin_token`:
+    the token that signs in as the admin (None: no admin). `hosts`: the host names the
+    server answers to besides IP addresses and localhost.
     """
     if labels_per_task < 1:
         raise ValueError(f"labels_per_task={labels_per_task}: expected an integer >= 1")
-    routes = LabellingApp(Store(db), labels_per_task, require_token)
+    routes = LabellingApp(Store(db), labels_per_task, require_token, admin_token)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -321,10 +467,13 @@ def create_app(
             Route("/login", routes.login_page, methods=["GET"]),
             Route("/login", routes.login_form, methods=["POST"]),
             Route("/logout", routes.logout, methods=["POST"]),
+            Route("/reopen", routes.reopen_form, methods=["POST"]),
             Route("/progress", routes.progress_page),
+            Route("/progress/labellers", routes.disable_form, methods=["POST"]),
             Route("/api/login", routes.api_login, methods=["POST"]),
             Route("/api/next", routes.api_next),
             Route("/api/votes", routes.api_vote, methods=["POST"]),
+            Route("/api/votes/reopen", routes.api_reopen, methods=["POST"]),
             Route("/api/progress", routes.api_progress),
             Mount(
                 "/static", StaticFiles(packages=[("rlhfkit.labelling", "static")]), name="static"
@@ -335,5 +484,6 @@ def create_app(
     )
     app.state.store = routes.store
     app.add_middleware(SameOrigin)
+    app.add_middleware(AllowedHosts, names=hosts)
     app.add_middleware(SecurityHeaders)
     return app

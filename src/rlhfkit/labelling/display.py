@@ -1,15 +1,17 @@
 """Model text shown exactly as text: what a labeller sees of a prompt or a response.
 
 HTML is escaped (Jinja2 autoescape in the templates; the page's script only ever sets
-`textContent`) and markdown is never rendered. What escaping leaves alone are the characters
-that draw nothing or rearrange the line: terminal escapes, NUL, backspace, bidi overrides
-("Trojan Source", CVE-2021-42574), zero-width spaces and joiners. A model that writes them
-would show the labeller something other than what the reward model reads, so `visible`
-writes each as its escape: the controls and bidi characters as `text.terminal_text` does for
-a terminal (`\\x1b`, `\\u202e`) and, the same way, the format characters that a terminal
-prints harmlessly but a page does not show at all. `visible_html` also marks each (a span),
-so that it cannot be mistaken for a backslash the model typed. Escapes rather than Unicode's
-Control Pictures (U+241B for ESC): many fonts have no glyph for those, and a box says nothing.
+`textContent`) and markdown is never rendered. Labellers must see what a user of the model
+would see, so every character is shown as itself, joiners and marks included: the zero-width
+joiner holds a family emoji together, the non-joiner is part of a Persian word (`می‌خواهم`),
+the left-to-right and right-to-left marks place punctuation in mixed-direction text. Only the
+characters that make the page show something other than what the text says are neutralised:
+the controls (terminal escapes, NUL, backspace, a lone carriage return, C1) and the bidi
+embeddings, overrides and isolates, which reorder what follows them ("Trojan Source",
+CVE-2021-42574). `visible` writes each of those as its escape (`\\x1b`, `\\u202e`), as
+`text.terminal_text` does for a terminal, and `visible_html` also marks it (a span), so that it
+cannot be mistaken for a backslash the model typed. Escapes rather than Unicode's Control
+Pictures (U+241B for ESC): many fonts have no glyph for those, and a box says nothing.
 Tabs and newlines stay (layout the labeller should see); a CRLF is one newline.
 """
 
@@ -19,35 +21,33 @@ import re
 
 from markupsafe import Markup, escape
 
-from rlhfkit.text import terminal_text
+# C0 controls but tab and newline, DEL, C1; the bidi embeddings and overrides (LRE, RLE, PDF,
+# LRO, RLO) and isolates (LRI, RLI, FSI, PDI). Not the marks (LRM, RLM, ALM): they reorder
+# nothing beyond the neutral characters beside them, and real text needs them.
+_DECEPTIVE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
-# Invisible on a page though inert in a terminal: the soft hyphen, the Mongolian vowel
-# separator, zero-width space, non-joiner and joiner, the line and paragraph separators, the
-# invisible operators, the deprecated format characters, the BOM, interlinear annotations.
-_FORMAT = re.compile(
-    "[\u00ad\u180e\u200b-\u200d\u2028\u2029\u2060-\u2064\u206a-\u206f\ufeff\ufff9-\ufffb]"
-)
-# Every character `visible` might change (the rest is printable ASCII, tab or newline).
-_SUSPECT = re.compile("[^\t\n\x20-\x7e]")
+
+def _escape(character: str) -> str:
+    return character.encode("unicode_escape").decode("ascii")  # "\x1b" -> "\\x1b"
 
 
 def visible(text: str) -> str:
-    """`text` with every invisible or layout-changing character written as its escape."""
-    shown = terminal_text(text.replace("\r\n", "\n"))
-    return _FORMAT.sub(lambda m: f"\\u{ord(m.group()):04x}", shown)
+    """`text` with every control and bidi embedding, override or isolate as its escape."""
+    return _DECEPTIVE.sub(lambda m: _escape(m.group()), text.replace("\r\n", "\n"))
 
 
 def visible_html(text: str) -> Markup:
     """`visible(text)` as HTML: escaped, each replaced character in a `ctrl` span."""
     text = text.replace("\r\n", "\n")
     parts, start = [], 0
-    for match in _SUSPECT.finditer(text):
+    for match in _DECEPTIVE.finditer(text):
+        span = Markup('<span class="ctrl" title="U+{:04X}">{}</span>')
         character = match.group()
-        shown = visible(character)
-        if shown != character:
-            span = Markup('<span class="ctrl" title="U+{:04X}">{}</span>')
-            parts += [escape(text[start : match.start()]), span.format(ord(character), shown)]
-            start = match.end()
+        parts += [
+            escape(text[start : match.start()]),
+            span.format(ord(character), _escape(character)),
+        ]
+        start = match.end()
     parts.append(escape(text[start:]))
     return Markup("").join(parts)
 

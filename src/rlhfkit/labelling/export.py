@@ -4,13 +4,18 @@ A vote on a K = 2 task becomes a comparison (`prompt`, `chosen`, `rejected`), a 
 K > 2 task a ranking (`prompt`, `responses`, `ranking` = response indices best first), the
 two formats `rlhfkit.data.load_records(path, "comparisons")` reads, so `rlhfkit rm` and
 `rlhfkit dpo` train on the file as it is. Each record also carries where it came from:
-`task_id`, `labellers`, `vote_ids`, and the `ratings` (1-7) and `flags` of those votes.
+`task_id`, `labellers`, `vote_ids`, and the `ratings` (1-7) and `flags` of those votes; and,
+a column each, the task's `ties`, `bad` ("all are bad") and `skips` votes (each a list of the
+labeller, vote id, rating and flag of such a vote), which the loaders ignore.
 
-Ties and skips carry no preference: they are left out and counted. When a task has votes
-from several labellers, `aggregate` chooses between writing every vote ("all") and one
-record per task ordered by the pairwise majority of its votes ("majority", see
-`ExportConfig.aggregate`). A summary (the counts and the agreement between labellers,
-`agreement.py`) is written beside the file as `<out>.summary.json`.
+Ties, "all bad" votes and skips carry no preference: they make no record of their own (a
+task that has only those has none) and are counted. What was said with them is kept all the same: beside the
+records' columns, the summary counts every flag and rating by choice and lists every flagged
+vote. When a task has votes from several labellers, `aggregate` chooses between writing every
+vote ("all") and one record per task ordered by the pairwise majority of its votes
+("majority", see `ExportConfig.aggregate`). The summary (these counts and the agreement
+between labellers, `agreement.py`) is written beside the file, `preferences.jsonl` giving
+`preferences.summary.json` (`summary_path`), as `rlhfkit bon` writes its own.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from rlhfkit.labelling.store import CHOICES, Store, Task, Vote
 
 logger = logging.getLogger(__name__)
 
+# The choices that prefer no response, and the column of a record that lists such votes.
+NO_PREFERENCE = {"tie": "ties", "bad": "bad", "skip": "skips"}
+
 
 @dataclass
 class ExportConfig:
@@ -39,14 +47,15 @@ class ExportConfig:
     db: str = "runs/label/labels.db"
     """The labelling database (from `rlhfkit label prepare`)."""
     out: str = "runs/label/preferences.jsonl"
-    """Where the records are written; the counts and agreement go to `<out>.summary.json`."""
+    """Where the records are written; the counts, the flags and ratings and the agreement go
+    beside it, `.jsonl` replaced by `.summary.json` (runs/label/preferences.summary.json)."""
     aggregate: Literal["all", "majority"] = "all"
     """Several labellers' votes on one task: 'all' writes every vote as its own record (the
     same prompt then appears once per labeller); 'majority' writes one record per task,
     response i before response j when more than half of the task's votes (ties included,
     skips not) rank i above j. A task where some pair of responses has no such majority (two
-    labellers who disagree, a tie vote that splits them) or where the majorities form a cycle
-    is left out and counted as `no_majority`."""
+    labellers who disagree, a tie or "all bad" vote that splits them) or where the majorities
+    form a cycle is left out and counted as `no_majority`."""
 
     def __post_init__(self) -> None:
         _check_literals(self)
@@ -54,8 +63,16 @@ class ExportConfig:
         require(self, "out", str(self.out).endswith(".jsonl"), "a .jsonl file path")
 
 
-def _record(task: Task, ranking: list[int], votes: list[Vote]) -> dict[str, Any]:
-    """One training record: a comparison for K = 2, a ranking for K > 2."""
+def _said(vote: Vote) -> dict[str, Any]:
+    """Who gave a tie or a skip, and the rating and flag they gave with it."""
+    return {"labeller": vote.labeller, "vote_id": vote.id, "rating": vote.rating, "flag": vote.flag}
+
+
+def _record(
+    task: Task, ranking: list[int], votes: list[Vote], task_votes: list[Vote]
+) -> dict[str, Any]:
+    """One training record: a comparison for K = 2, a ranking for K > 2, from `votes`, with
+    the tie and skip votes among `task_votes` (all of the task's) in a column each."""
     if task.k == 2:
         record = {
             "prompt": task.prompt,
@@ -71,6 +88,10 @@ def _record(task: Task, ranking: list[int], votes: list[Vote]) -> dict[str, Any]
         "vote_ids": [v.id for v in votes],
         "ratings": [v.rating for v in votes],
         "flags": [v.flag for v in votes],
+        **{
+            column: [_said(v) for v in task_votes if v.choice == choice]
+            for choice, column in NO_PREFERENCE.items()
+        },
     }
 
 
@@ -113,7 +134,9 @@ def export_records(
     for task_id in sorted(by_task):
         task, task_votes = tasks[task_id], by_task[task_id]
         if aggregate == "all":
-            records += [_record(task, v.ranking, [v]) for v in task_votes if v.choice == "rank"]
+            records += [
+                _record(task, v.ranking, [v], task_votes) for v in task_votes if v.choice == "rank"
+            ]
             continue
         judged = [v for v in task_votes if v.choice != "skip"]
         if not judged:
@@ -122,7 +145,7 @@ def export_records(
         if ranking is None:
             no_majority += 1
         else:
-            records.append(_record(task, ranking, judged))
+            records.append(_record(task, ranking, judged, task_votes))
     choices = Counter(v.choice for v in votes)
     summary = {
         "aggregate": aggregate,
@@ -133,12 +156,33 @@ def export_records(
         "records": len(records),
         "comparisons": sum("chosen" in r for r in records),
         "rankings": sum("ranking" in r for r in records),
-        "left_out": {"tie": choices["tie"], "skip": choices["skip"]},
+        "left_out": {choice: choices[choice] for choice in NO_PREFERENCE},
+        "flags": _by_choice(votes, "flag"),
+        "ratings": _by_choice(votes, "rating"),
+        "flagged": [
+            {"task_id": v.task_id, "choice": v.choice, **_said(v)} for v in votes if v.flag
+        ],
         "agreement": agreement(votes).as_dict(),
     }
     if aggregate == "majority":
         summary["left_out"]["no_majority"] = no_majority
     return records, summary
+
+
+def _by_choice(votes: list[Vote], field: str) -> dict[str, dict[str, int]]:
+    """How often each value of `field` (flag or rating) was given, per choice; keys as text
+    (JSON's), most frequent first."""
+    counts: dict[str, Counter[str]] = {c: Counter() for c in CHOICES}
+    for vote in votes:
+        value = getattr(vote, field)
+        if value is not None:
+            counts[vote.choice][str(value)] += 1
+    return {c: dict(counts[c].most_common()) for c in CHOICES}
+
+
+def summary_path(out: str | Path) -> Path:
+    """Where `run_export` writes the summary of the records written to `out`."""
+    return Path(out).with_suffix(".summary.json")
 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
@@ -161,16 +205,19 @@ def run_export(config: ExportConfig) -> Path:
         store.close()
     out = Path(config.out)
     write_jsonl(records, out)
-    summary_path = out.with_suffix(".summary.json")
-    summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    summary_file = summary_path(out)
+    summary_file.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     left_out = ", ".join(f"{n} {why}" for why, n in summary["left_out"].items())
     logger.info(
-        "%d votes -> %d records (%d comparisons, %d rankings) in %s; left out: %s",
+        "%d votes -> %d records (%d comparisons, %d rankings) in %s; left out: %s; "
+        "%d flagged votes; summary in %s",
         summary["votes"],
         summary["records"],
         summary["comparisons"],
         summary["rankings"],
         out,
         left_out,
+        len(summary["flagged"]),
+        summary_file,
     )
     return out

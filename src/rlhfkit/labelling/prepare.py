@@ -7,15 +7,19 @@ style: K responses per prompt, response i drawn from model i mod M (the policy a
 SFT model, say), each model loaded, sampled in batches (`interact.sampling.sample_responses`,
 seeded) and freed before the next. Sampled responses that are empty, or the same text as
 another response to that prompt, are dropped; a prompt left with fewer than two responses is
-left out and counted. Tasks already in the database are not added again, so preparing twice
-from the same file changes nothing.
+left out and counted; so is a record of the file with two identical responses (such a pair
+says nothing about which is better). Tasks already in the database are not added again, so
+preparing twice from the same file changes nothing; and a prompt that already has a task is
+not sampled again, so preparing twice from the same models loads no model the second time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import logging
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,15 +109,27 @@ def read_tasks(source: str, split: str = "train", limit: int | None = None) -> l
     records = load_records(source, "candidates", split=split, limit=limit)
     if not records:
         raise DataError(f"{source}: no records")
-    return [(record.prompt, record.responses) for record in records]
+    tasks = [(r.prompt, r.responses) for r in records if len(set(r.responses)) == len(r.responses)]
+    if len(tasks) < len(records):
+        logger.warning(
+            "%s: %d of %d records left out: two of their responses are the same text",
+            source,
+            len(records) - len(tasks),
+            len(records),
+        )
+    return tasks
 
 
 # --------------------------------------------------------------------- from models
-def sample_tasks(config: PrepareConfig) -> list[TaskInput]:
-    """K responses per prompt of `config.prompts`, response i from model i mod M."""
+def sample_tasks(config: PrepareConfig, done: Container[str] = ()) -> list[TaskInput]:
+    """K responses per prompt of `config.prompts`, response i from model i mod M; prompts
+    in `done` (as `prompt_key` writes them) are not sampled."""
     import torch
 
     records = load_records(config.prompts, "prompts", split=config.split, limit=config.max_prompts)
+    records = [record for record in records if prompt_key(record.prompt) not in done]
+    if not records:
+        return []
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     texts = [[""] * config.k for _ in records]
     for m, name in enumerate(config.models):
@@ -178,6 +194,21 @@ def _usable(records: list[PromptRecord], texts: list[list[str]]) -> list[TaskInp
     return tasks
 
 
+def prompt_key(prompt: Prompt) -> str:
+    """A prompt as the database stores it (JSON), to compare prompts with the tasks'."""
+    return json.dumps(prompt, ensure_ascii=False)
+
+
+def _prompts_with_tasks(db: str) -> set[str]:
+    if not Path(db).is_file():
+        return set()
+    store = Store(db)
+    try:
+        return {prompt_key(task.prompt) for task in store.tasks().values()}
+    finally:
+        store.close()
+
+
 def run_prepare(config: PrepareConfig) -> Path:
     """The `rlhfkit label prepare` command: tasks into `config.db`; returns its path."""
     if config.responses is not None:
@@ -187,7 +218,10 @@ def run_prepare(config: PrepareConfig) -> Path:
 
         for i, model in enumerate(config.models):  # all of them before the first one loads
             check_model_source(model, f"PrepareConfig.models[{i}]")
-        tasks = sample_tasks(config)
+        done = _prompts_with_tasks(config.db)
+        tasks = sample_tasks(config, done)
+        if done:
+            logger.info("%s: prompts that already have a task are not sampled again", config.db)
     store = Store(config.db, create=True)
     try:
         added, present = store.add_tasks(tasks)

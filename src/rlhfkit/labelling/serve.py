@@ -4,7 +4,14 @@ On a loopback address (the default, 127.0.0.1) anyone at this machine may sign i
 name. Listening anywhere else (0.0.0.0 for a team on the local network) needs tokens: each
 name in `labellers` gets one the first time it is listed, printed once, and only tokens sign
 in. The socket is bound before the URL is printed, so `--port 0` (a free port) prints the
-port the server really has.
+port the server really has. Each start also prints a new admin token: signed in with it, the
+organiser sees everyone's progress and the agreement, and can disable a labeller.
+
+Serving a SQLite file needs no ML library: this module, the app and the store import neither
+torch nor pandas, pyarrow or transformers, and `rlhfkit label serve` parses its options
+without them (the command is `light` in `cli.COMMANDS`), so the server starts at once and
+stays small (docs/labelling.md has the measurements). For the same reason the checks below
+raise `UsageError` rather than `config.ConfigError`, with the same message.
 
 This module is a command's front end, so it prints the URL and the tokens; the app logs.
 """
@@ -14,10 +21,11 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import secrets
 import socket
 from dataclasses import dataclass
 
-from rlhfkit.config import require
+from rlhfkit.errors import UsageError
 from rlhfkit.labelling.store import MAX_NAME, LoginError, Store, check_name
 
 logger = logging.getLogger(__name__)
@@ -36,6 +44,16 @@ def is_loopback(host: str) -> bool:
     """Whether `host` is on this machine only (127.0.0.0/8, ::1)."""
     found = addresses(host)
     return bool(found) and all(address.is_loopback for address in found)
+
+
+def require(config: object, field: str, ok: bool, allowed: str) -> None:
+    """`UsageError` naming the class, field, value and what is allowed unless `ok` (the
+    message of `rlhfkit.config.require`, which imports torch)."""
+    if not ok:
+        value = getattr(config, field)
+        raise UsageError(
+            f"{type(config).__name__}.{field} = {value!r} is not allowed: expected {allowed}"
+        )
 
 
 @dataclass
@@ -57,6 +75,10 @@ class ServeConfig:
     (only its hash is stored). Required when `host` is not a loopback address."""
     new_tokens: bool = False
     """Give `labellers` new tokens even if they have one (the old ones stop working)."""
+    allowed_hosts: list[str] = dataclasses.field(default_factory=list)
+    """Host names labellers may browse to besides IP addresses, localhost, `host` and, for
+    0.0.0.0, this machine's name: a reverse proxy's name, say. Any other name is refused, so
+    that a web page cannot re-point its own name at this server (DNS rebinding)."""
 
     def __post_init__(self) -> None:
         require(self, "db", bool(self.db), "a database file")
@@ -81,6 +103,14 @@ class ServeConfig:
     def local(self) -> bool:
         """Whether the server can only be reached from this machine (names may sign in)."""
         return is_loopback(self.host)
+
+    @property
+    def hosts(self) -> list[str]:
+        """The host names the server answers to (IP addresses and localhost are always)."""
+        names = [self.host, *self.allowed_hosts]
+        if ipaddress.ip_address(addresses(self.host)[0]).is_unspecified:
+            names += [socket.gethostname(), socket.getfqdn()]  # what `_url` prints
+        return names
 
 
 def _signs_in(name: str) -> bool:
@@ -128,8 +158,13 @@ def run_serve(config: ServeConfig) -> None:
         tasks = len(store.tasks())
     finally:
         store.close()
+    admin_token = secrets.token_urlsafe(16)
     app = create_app(
-        config.db, labels_per_task=config.labels_per_task, require_token=not config.local
+        config.db,
+        labels_per_task=config.labels_per_task,
+        require_token=not config.local,
+        admin_token=admin_token,
+        hosts=config.hosts,
     )
     sock = listening_socket(config.host, config.port)
     url = _url(sock, config.host)
@@ -137,6 +172,9 @@ def run_serve(config: ServeConfig) -> None:
     for name, token in tokens.items():
         shown = token if token is not None else "(has a token already; --new_tokens replaces it)"
         logger.info("token of %s: %s", name, shown)
+    logger.info(
+        "admin token (this run only; sign in with it to see everyone's progress): %s", admin_token
+    )
     logger.info("Labelling at %s (Ctrl-C stops)", url)
     server = uvicorn.Server(
         uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")

@@ -21,6 +21,12 @@ longer counts as being worked on. When every open task is taken, the labeller st
 (an extra vote is harmless, an idle labeller is not). The order of the responses is shuffled
 for each labeller, as InstructGPT's labelling interface did, and remembered: votes are stored
 as response indices, whatever order the labeller saw.
+
+A labeller the organiser disables (`set_disabled`) is signed out and cannot sign in again; the
+tasks they were shown and had not answered go back to the others at once. Their votes stay.
+
+Serving imports this module, so it imports nothing of rlhfkit's ML side (no torch): the
+serve process stays small and starts at once.
 """
 
 from __future__ import annotations
@@ -28,23 +34,27 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import reprlib
 import secrets
 import sqlite3
 import threading
 import time
+import unicodedata
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rlhfkit.data import DataError, Prompt
-from rlhfkit.labelling.display import visible
+from rlhfkit.errors import UsageError
 
-SCHEMA_VERSION = 1
+if TYPE_CHECKING:
+    from rlhfkit.data import Prompt
+
+SCHEMA_VERSION = 2
 LEASE_SECONDS = 30 * 60
-CHOICES = ("rank", "tie", "skip")
+CHOICES = ("rank", "tie", "bad", "skip")
 MAX_NAME = 40
 MAX_FLAG = 200
 
@@ -60,7 +70,8 @@ CREATE TABLE tasks (
 CREATE TABLE labellers (
     name TEXT PRIMARY KEY,
     token_hash TEXT UNIQUE,         -- sha256 of the login token, NULL if none was issued
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    disabled INTEGER NOT NULL DEFAULT 0  -- 1: the organiser disabled them (no sign-in)
 );
 CREATE TABLE sessions (
     secret_hash TEXT PRIMARY KEY,   -- sha256 of the session cookie
@@ -74,20 +85,40 @@ CREATE TABLE shown (
     shown_at REAL NOT NULL,
     PRIMARY KEY (task_id, labeller)
 );
-CREATE TABLE votes (
+CREATE INDEX shown_by_labeller ON shown (labeller, task_id);
+"""
+_VOTES_TABLE = """
+CREATE TABLE {name} (
     id TEXT PRIMARY KEY,            -- UUID made by the client: a retry finds its own row
     task_id INTEGER NOT NULL,
     labeller TEXT NOT NULL,
-    choice TEXT NOT NULL CHECK (choice IN ('rank', 'tie', 'skip')),
+    choice TEXT NOT NULL CHECK (choice IN ('rank', 'tie', 'bad', 'skip')),
     ranking TEXT,                   -- JSON: response indices best first, for choice 'rank'
     rating INTEGER CHECK (rating BETWEEN 1 AND 7),
     flag TEXT,
     created REAL NOT NULL,
     UNIQUE (task_id, labeller),
     FOREIGN KEY (task_id, labeller) REFERENCES shown (task_id, labeller)
-);
-CREATE INDEX shown_by_labeller ON shown (labeller, task_id);
-"""
+)"""
+_SCHEMA += _VOTES_TABLE.format(name="votes") + ";"
+# From each older schema version to the next: what a database made by an earlier rlhfkit
+# needs. 1 -> 2: labellers can be disabled; a vote can say "all are bad" (SQLite cannot
+# change a CHECK constraint, so the votes are copied into a table that has the new one).
+_MIGRATIONS = {
+    1: [
+        "ALTER TABLE labellers ADD COLUMN disabled INTEGER NOT NULL DEFAULT 0",
+        _VOTES_TABLE.format(name="votes_2"),
+        "INSERT INTO votes_2 (id, task_id, labeller, choice, ranking, rating, flag, created) "
+        "SELECT id, task_id, labeller, choice, ranking, rating, flag, created FROM votes",
+        "DROP TABLE votes",
+        "ALTER TABLE votes_2 RENAME TO votes",
+    ]
+}
+# SQLite's INTEGER: a task id outside it names no task (and would overflow the driver).
+_INT64 = range(-(2**63), 2**63)
+# Characters a name may not hold: controls, format characters (invisible: "ann" and
+# "an\u200bn" would look alike), line and paragraph separators, surrogates.
+_NOT_IN_NAMES = {"Cc", "Cf", "Zl", "Zp", "Cs"}
 
 
 @dataclass(frozen=True)
@@ -125,7 +156,8 @@ class Vote:
     labeller: str
     k: int
     choice: str
-    """'rank' (the responses ordered), 'tie' (all equally good) or 'skip' (cannot judge)."""
+    """'rank' (the responses ordered), 'tie' (all equally good), 'bad' (all equally bad) or
+    'skip' (cannot judge)."""
     ranking: list[int] | None
     """Response indices best first (for 'rank'); None otherwise."""
     rating: int | None
@@ -155,6 +187,10 @@ class LoginError(ValueError):
     """A name or token that cannot sign in."""
 
 
+class DatabaseError(UsageError):
+    """A file that is not a labelling database (of this rlhfkit)."""
+
+
 def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
@@ -162,7 +198,9 @@ def _hash(secret: str) -> str:
 def check_name(name: str) -> str:
     """A labeller name, stripped: 1 to `MAX_NAME` characters, none of them invisible."""
     name = name.strip() if isinstance(name, str) else ""
-    if not 1 <= len(name) <= MAX_NAME or visible(name) != name or "\n" in name or "\t" in name:
+    if not 1 <= len(name) <= MAX_NAME or any(
+        unicodedata.category(c) in _NOT_IN_NAMES for c in name
+    ):
         raise LoginError(f"a name is 1 to {MAX_NAME} printable characters")
     return name
 
@@ -200,7 +238,7 @@ class Store:
         if create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         elif not self.path.is_file():
-            raise DataError(
+            raise DatabaseError(
                 f"{self.path}: no such labelling database (`rlhfkit label prepare` makes one)"
             )
         self._check_schema()
@@ -253,10 +291,15 @@ class Store:
                             db.execute(statement)
                     db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                     version = SCHEMA_VERSION
+                while version in _MIGRATIONS and tables > 0:
+                    for statement in _MIGRATIONS[version]:
+                        db.execute(statement)
+                    version += 1
+                    db.execute(f"PRAGMA user_version = {version}")
         except sqlite3.DatabaseError as error:
-            raise DataError(f"{self.path}: not a labelling database ({error})") from None
+            raise DatabaseError(f"{self.path}: not a labelling database ({error})") from None
         if version != SCHEMA_VERSION:
-            raise DataError(
+            raise DatabaseError(
                 f"{self.path}: not a labelling database of this rlhfkit (schema version "
                 f"{version}, expected {SCHEMA_VERSION})"
             )
@@ -313,7 +356,8 @@ class Store:
         with self._transaction() as db:
             if token:
                 row = db.execute(
-                    "SELECT name FROM labellers WHERE token_hash = ?", (_hash(token.strip()),)
+                    "SELECT name, disabled FROM labellers WHERE token_hash = ?",
+                    (_hash(token.strip()),),
                 ).fetchone()
                 if row is None:
                     raise LoginError("unknown token")
@@ -321,7 +365,7 @@ class Store:
             else:
                 name = check_name(name or "")
                 row = db.execute(
-                    "SELECT token_hash FROM labellers WHERE name = ?", (name,)
+                    "SELECT token_hash, disabled FROM labellers WHERE name = ?", (name,)
                 ).fetchone()
                 if row is not None and row["token_hash"] is not None:
                     raise LoginError(f"{name} signs in with the token they were given")
@@ -329,6 +373,8 @@ class Store:
                     "INSERT OR IGNORE INTO labellers (name, created) VALUES (?, ?)",
                     (name, time.time()),
                 )
+            if row is not None and row["disabled"]:
+                raise LoginError(f"{name} may no longer sign in (the organiser disabled them)")
             secret = secrets.token_urlsafe(24)
             db.execute(
                 "INSERT INTO sessions (secret_hash, labeller, created) VALUES (?, ?, ?)",
@@ -350,6 +396,28 @@ class Store:
     def sign_out(self, secret: str) -> None:
         with self._transaction() as db:
             db.execute("DELETE FROM sessions WHERE secret_hash = ?", (_hash(secret),))
+
+    def labellers(self) -> dict[str, bool]:
+        """Every labeller by name (signed in once, or given a token): whether disabled."""
+        rows = self._connection().execute("SELECT name, disabled FROM labellers ORDER BY name")
+        return {row["name"]: bool(row["disabled"]) for row in rows}
+
+    def set_disabled(self, name: str, disabled: bool = True) -> None:
+        """Disable `name` (signed out now, no sign-in later; the tasks they were shown and did
+        not answer go back to the others), or enable them again. Their votes stay."""
+        with self._transaction() as db:
+            found = db.execute(
+                "UPDATE labellers SET disabled = ? WHERE name = ?", (int(disabled), name)
+            ).rowcount
+            if not found:
+                raise LoginError(f"no labeller {name!r}")
+            if disabled:
+                db.execute("DELETE FROM sessions WHERE labeller = ?", (name,))
+                db.execute(
+                    "DELETE FROM shown WHERE labeller = ? AND NOT EXISTS (SELECT 1 FROM votes v "
+                    "WHERE v.task_id = shown.task_id AND v.labeller = shown.labeller)",
+                    (name,),
+                )
 
     # ------------------------------------------------------------------------- next task
     def next_task(self, labeller: str, labels_per_task: int) -> Shown | None:
@@ -397,6 +465,8 @@ class Store:
         vote_id = _check_vote_id(vote_id)
         _check_fields(choice, order, rating)
         flag = _check_flag(flag)
+        if task_id not in _INT64:
+            raise VoteError(f"no task {task_id}", 404)
         with self._transaction() as db:
             task = db.execute("SELECT k FROM tasks WHERE id = ?", (task_id,)).fetchone()
             if task is None:
@@ -426,6 +496,22 @@ class Store:
             stored = db.execute(_VOTE_BY_ID, (vote_id,)).fetchone()
         return VoteResult(_vote(stored), duplicate=False)
 
+    def reopen_last(self, labeller: str) -> Vote | None:
+        """Take back `labeller`'s latest vote so that they can vote on its task again: the
+        vote is deleted, and the task, shown to them and unanswered, is the next they get
+        (`next_task` gives the longest-shown unanswered task first). Each call reopens the
+        latest vote left, so a labeller can go back several. Returns the vote taken back,
+        None if they have none."""
+        with self._transaction() as db:
+            row = db.execute(
+                _VOTES + " WHERE v.labeller = ? ORDER BY v.created DESC, v.rowid DESC LIMIT 1",
+                (labeller,),
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute("DELETE FROM votes WHERE id = ?", (row["id"],))
+        return _vote(row)
+
     def votes(self) -> list[Vote]:
         """Every vote, oldest first."""
         rows = self._connection().execute(_VOTES + " ORDER BY v.created, v.id")
@@ -440,6 +526,14 @@ class Store:
             ).fetchone()[0]
             left = db.execute(_LEFT, {"me": labeller, "needed": labels_per_task}).fetchone()[0]
         return {"votes": votes, "left": left}
+
+    def choices_of(self, labeller: str) -> dict[str, int]:
+        """How many of `labeller`'s votes are preferences, ties and skips."""
+        rows = self._connection().execute(
+            "SELECT choice, count(*) AS n FROM votes WHERE labeller = ? GROUP BY choice",
+            (labeller,),
+        )
+        return {**dict.fromkeys(CHOICES, 0), **{row["choice"]: row["n"] for row in rows}}
 
     def counts(self, labels_per_task: int) -> dict[str, Any]:
         """Tasks (all, with a vote, with `labels_per_task` votes) and votes per labeller."""
@@ -508,20 +602,28 @@ def _lease_start() -> float:
     return time.time() - LEASE_SECONDS
 
 
+# A value a client sent, shown in an error: short, however long or deeply nested it is.
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxstring, _repr.maxother = 2, 60, 40
+_brief = _repr.repr
+
+
 def _check_vote_id(vote_id: Any) -> str:
     try:
-        return str(uuid.UUID(str(vote_id)))
+        if not isinstance(vote_id, str):
+            raise ValueError
+        return str(uuid.UUID(vote_id))
     except ValueError:
-        raise VoteError(f"vote id {vote_id!r} is not a UUID", 422) from None
+        raise VoteError(f"vote id {_brief(vote_id)} is not a UUID", 422) from None
 
 
 def _check_fields(choice: Any, order: Any, rating: Any) -> None:
     if choice not in CHOICES:
-        raise VoteError(f"choice {choice!r} is not one of {', '.join(CHOICES)}", 422)
+        raise VoteError(f"choice {_brief(choice)} is not one of {', '.join(CHOICES)}", 422)
     if choice != "rank" and order is not None:
-        raise VoteError(f"choice {choice!r} takes no order", 422)
+        raise VoteError(f"choice {_brief(choice)} takes no order", 422)
     if rating is not None and not (type(rating) is int and 1 <= rating <= 7):
-        raise VoteError(f"rating {rating!r} is not an integer from 1 to 7", 422)
+        raise VoteError(f"rating {_brief(rating)} is not an integer from 1 to 7", 422)
 
 
 def _check_flag(flag: Any) -> str | None:
@@ -542,5 +644,5 @@ def _ranking(choice: str, order: Any, display: list[int]) -> str | None:
         and all(type(slot) is int for slot in order)
         and sorted(order) == list(range(k))
     ):
-        raise VoteError(f"order {order!r} is not a permutation of the slots 0..{k - 1}", 422)
+        raise VoteError(f"order {_brief(order)} is not a permutation of the slots 0..{k - 1}", 422)
     return json.dumps([display[slot] for slot in order])

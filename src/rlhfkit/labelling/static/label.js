@@ -13,7 +13,7 @@
   const k = Number(task.dataset.k);
   const voteId = newVoteId();
   const status = document.getElementById("status");
-  const buttons = Array.from(task.querySelectorAll("button"));
+  const buttons = Array.from(task.querySelectorAll(".actions button"));
   const cards = Array.from(task.querySelectorAll(".rankable"));
   const orderText = document.getElementById("order");
   const submitButton = task.querySelector('[data-action="submit"]');
@@ -31,8 +31,9 @@
     return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
   }
 
-  function say(text) {
+  function say(text, problem = false) {
     status.textContent = text;
+    status.classList.toggle("problem", problem);
   }
 
   function extras() {
@@ -76,16 +77,16 @@
           window.location.assign("/login");
           return;
         }
-        say(`Not saved: ${answer.error || response.statusText}`);
+        say(`Not saved: ${answer.error || response.statusText}`, true);
         setBusy(false);
         return;
       }
       if (attempt < MAX_ATTEMPTS) {
-        say(`Cannot reach the server; trying again (${attempt} of ${MAX_ATTEMPTS - 1})...`);
+        say(`Not saved yet: cannot reach the server; trying again (${attempt} of ${MAX_ATTEMPTS - 1})...`, true);
         await pause(400 * 2 ** (attempt - 1));
       }
     }
-    say("Cannot reach the server: your vote is not saved yet. Vote again to retry.");
+    say("Not saved: cannot reach the server. Vote again to retry.", true);
     setBusy(false);
   }
 
@@ -102,6 +103,7 @@
     2: "b",
     ArrowRight: "b",
     " ": "tie",
+    x: "bad",
     s: "skip",
   };
 
@@ -111,10 +113,16 @@
     for (const card of cards) {
       const place = order.indexOf(Number(card.dataset.slot));
       card.classList.toggle("placed", place >= 0);
-      card.querySelector(".place").textContent = place >= 0 ? `#${place + 1}` : "";
+      card.setAttribute("aria-selected", String(place >= 0));
+      card.querySelector(".place").textContent = place >= 0 ? `placed ${ordinal(place + 1)}` : "";
     }
     orderText.textContent = order.length ? order.map((slot) => slot + 1).join(" > ") : "none yet";
     submitButton.disabled = sending || order.length !== k;
+  }
+
+  function ordinal(n) {
+    const suffix = { 1: "st", 2: "nd", 3: "rd" }[n % 100 > 10 && n % 100 < 14 ? 0 : n % 10];
+    return `${n}${suffix || "th"}`;
   }
 
   function toggle(slot) {
@@ -149,9 +157,10 @@
     const actions = {
       ArrowDown: () => moveFocus(1),
       ArrowUp: () => moveFocus(-1),
-      " ": () => focused >= 0 && place(focused),
+      " ": () => focused >= 0 && toggle(focused),
       Backspace: undo,
       Enter: submitRanking,
+      x: () => send("bad", null),
       s: () => send("skip", null),
     };
     return actions[key];
@@ -170,18 +179,30 @@
   for (const card of cards) {
     card.addEventListener("click", () => toggle(Number(card.dataset.slot)));
   }
-  for (const radio of task.querySelectorAll('input[name="rating"]')) {
-    // Hand the keys back to the shortcuts once a rating is picked.
-    radio.addEventListener("change", () => radio.blur());
+
+  // The keys a focused control uses itself, which no shortcut may take: every key in a text
+  // field, the arrows and Space on a rating, Enter and Space on a button or a link. The
+  // shortcuts have the rest, so a focused button never does something else than it says.
+  function ownedBy(target, key) {
+    if (target instanceof HTMLInputElement && target.type === "radio") {
+      return key === " " || key.startsWith("Arrow");
+    }
+    if (target instanceof HTMLInputElement || target instanceof HTMLTextAreaElement) return true;
+    if (target instanceof HTMLSelectElement) return true;
+    if (target instanceof HTMLButtonElement || target instanceof HTMLAnchorElement) {
+      return key === "Enter" || key === " ";
+    }
+    return false;
   }
 
   document.addEventListener("keydown", (event) => {
     if (event.ctrlKey || event.metaKey || event.altKey || event.repeat || sending) return;
     const target = event.target;
-    if (target instanceof HTMLInputElement || target instanceof HTMLTextAreaElement) {
-      if (event.key === "Escape") target.blur();
+    if (event.key === "Escape" && target instanceof HTMLInputElement) {
+      target.blur(); // back to the shortcuts
       return;
     }
+    if (ownedBy(target, event.key)) return;
     const action = k === 2 ? pairKeys[event.key] && (() => choosePair(pairKeys[event.key])) : rankKey(event.key);
     if (action) {
       event.preventDefault();
