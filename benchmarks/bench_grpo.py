@@ -1,16 +1,16 @@
 #!/usr/bin/env python
 """Seconds per GRPO / RLOO iteration on CPU, next to TRL 1.16's GRPOTrainer in the same run.
 
-Workload (the settings of ``shared/peers/trl_grpo_bench.py --reward digits``): a GPT-2 with 4
+Workload (the settings of ``benchmarks/trl/trl_grpo_bench.py --reward digits``): a GPT-2 with 4
 layers, 4 heads, width 256, 256 positions, a 4096-token vocabulary (dropout 0); one iteration
-= 8 prompts x 4 generations x at most 32 new tokens at temperature 1, scored by the peers'
-digit reward (min(#digits, 8) / 8), then ONE optimiser step over the 32 completions; k3 KL
+= 8 prompts x 4 generations x at most 32 new tokens at temperature 1, scored by the
+digit reward of ``benchmarks/trl/trl_common.py`` (min(#digits, 8) / 8), then ONE optimiser step over the 32 completions; k3 KL
 term with beta 0.04 against a frozen reference copy; lr 5e-5 constant; 30 iterations.
 
 rlhfkit runs ``GRPOTrainer`` (``--algo grpo`` or ``rloo``) in fp32, and with ``--bf16`` also
 in bf16 autocast (fp32 master weights), reporting how far its reward curve drifts. With
-``--trl-python`` (an interpreter with TRL 1.16) each round also runs the peers'
-``trl_grpo_bench.py`` on the very same model and prompts (its untimed before/after eval needs
+``--trl-python`` (an interpreter with TRL 1.16) each round also runs
+``benchmarks/trl/trl_grpo_bench.py`` on the very same model and prompts (its untimed before/after eval needs
 a reward model: ``reward_model/`` from the assets, else an untrained one of the same shape).
 Model and prompts: the bundled base and demo prompts by default, else as ``bench_dpo.py``
 says; with an untrained policy no response stops early, so every iteration generates all 32
@@ -21,8 +21,10 @@ the generation share and tokens/s (32 x 32 token slots / seconds in generation),
 the reward curve (first iteration -> mean of the last 3), CPU used by other processes, and
 the command.
 
-    .venv/bin/python benchmarks/bench_grpo.py --assets /tmp/peers/peer-assets \\
-        --trl-python /tmp/peers/.venv-peers-trl116/bin/python --peers /tmp/peers --runs 3
+    .venv/bin/python benchmarks/trl/make_assets.py      # once: runs/trl-assets
+    make trl                                            # once: .venv-trl with TRL 1.16
+    .venv/bin/python benchmarks/bench_grpo.py --assets runs/trl-assets \\
+        --trl-python .venv-trl/bin/python --runs 3
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dpo import run_child, summarize, workload  # noqa: E402
 from common import MachineLoad, logged_steps, peak_rss_mib, spread  # noqa: E402
 
+TRL_DIR = Path(__file__).resolve().parent / "trl"  # the TRL side of the comparison
+
 ITERS, PROMPTS, GENERATIONS, NEW_TOKENS, LR, BETA = 30, 8, 4, 32, 5e-5, 0.04
 DIGIT = re.compile(r"\d")
 
 
 def digit_reward(prompts: list[str], responses: list[str]) -> list[float]:
-    """The peers' ``peer_common.digit_reward``: min(#digit characters, 8) / 8."""
+    """``benchmarks/trl/trl_common.digit_reward`` for rlhfkit: min(#digit characters, 8) / 8."""
     return [min(len(DIGIT.findall(r)), 8) / 8.0 for r in responses]
 
 
@@ -90,34 +94,35 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     }
 
 
-def peer_layout(prepared: dict, assets: Path | None, work: Path) -> Path:
-    """The peers' layout for trl_grpo_bench.py on the same policy, tokenizer and prompts."""
+def trl_layout(prepared: dict, assets: Path | None, work: Path) -> Path:
+    """The layout of benchmarks/trl's assets for trl_grpo_bench.py on the same policy,
+    tokenizer and prompts."""
     from transformers import GPT2ForSequenceClassification
 
-    peer = work / "peer-assets"
-    peer.mkdir()
-    (peer / "manifest.json").write_text("{}\n")
+    trl_dir = work / "trl-assets"
+    trl_dir.mkdir()
+    (trl_dir / "manifest.json").write_text("{}\n")
     for name in ("policy", "tokenizer"):
-        (peer / name).symlink_to(prepared["model"])
-    (peer / "prompts.jsonl").symlink_to(prepared["prompts"])
-    (peer / "preference_test.jsonl").symlink_to(prepared["prompts"])  # eval prompts only
+        (trl_dir / name).symlink_to(prepared["model"])
+    (trl_dir / "prompts.jsonl").symlink_to(prepared["prompts"])
+    (trl_dir / "preference_test.jsonl").symlink_to(prepared["prompts"])  # eval prompts only
     if assets is not None and (assets / "reward_model").is_dir():
-        (peer / "reward_model").symlink_to(assets / "reward_model")
+        (trl_dir / "reward_model").symlink_to(assets / "reward_model")
     else:
         rm = GPT2ForSequenceClassification.from_pretrained(prepared["model"], num_labels=1)
-        rm.save_pretrained(peer / "reward_model")
-    return peer
+        rm.save_pretrained(trl_dir / "reward_model")
+    return trl_dir
 
 
-def trl_run(python: str, peers: Path, peer_assets: Path, out: Path, args) -> dict:
-    """One run of the peers' TRL script with ``args.threads`` torch threads; its JSON fields
+def trl_run(python: str, trl_assets: Path, out: Path, args) -> dict:
+    """One run of benchmarks/trl/trl_grpo_bench.py with ``args.threads`` torch threads; its JSON fields
     renamed like ours."""
     threads = args.threads
-    cmd = [python, str(peers / "trl_grpo_bench.py"), "--assets", str(peer_assets),
+    cmd = [python, str(TRL_DIR / "trl_grpo_bench.py"), "--assets", str(trl_assets),
            "--algo", args.algo, "--reward", "digits", "--iters", str(args.steps),
            "--eval-prompts", "8", "--json", str(out / "trl.json"),
            "--out-dir", str(out / "trl-out")]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(peers), "OMP_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     if proc.returncode:
         sys.exit(f"TRL run failed:\n{proc.stderr[-3000:]}")
@@ -151,14 +156,15 @@ def report(name: str, results: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--assets", type=Path, default=None, help="peers' asset directory")
+    parser.add_argument(
+        "--assets", type=Path, default=None, help="benchmarks/trl/make_assets.py's output"
+    )
     parser.add_argument("--runs", type=int, default=3, help="rounds (fresh processes each)")
     parser.add_argument("--steps", type=int, default=ITERS, help="iterations per run")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--algo", choices=["grpo", "rloo"], default="grpo")
     parser.add_argument("--bf16", action="store_true", help="also run in bf16 autocast")
     parser.add_argument("--trl-python", default=None, help="python with TRL 1.16 installed")
-    parser.add_argument("--peers", type=Path, default=Path("/tmp/peers"), help="peers' scripts")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: "mode:prepared.json:out"
     args = parser.parse_args()
@@ -178,18 +184,18 @@ def main() -> None:
         if "prompts" not in prepared:
             prepared["prompts"] = str(_prompts_file(args.assets, prepared, work))
         (work / "prepared.json").write_text(json.dumps(prepared))
-        peer = peer_layout(prepared, args.assets, work) if args.trl_python else None
+        trl_dir = trl_layout(prepared, args.assets, work) if args.trl_python else None
         print(f"data: {prepared['data']}; weights: {prepared['weights']}, "
               f"{prepared['params'] / 1e6:.2f} M parameters")  # fmt: skip
         for run in range(args.runs):
             for mode in modes:
                 result = run_child(__file__, work, mode, run, args)
                 results.setdefault(f"rlhfkit {mode}", []).append(result)
-            if peer is not None:
+            if trl_dir is not None:
                 out = work / f"trl-{run}"
                 out.mkdir()
                 results.setdefault(trl_name, []).append(
-                    trl_run(args.trl_python, args.peers, peer, out, args)
+                    trl_run(args.trl_python, trl_dir, out, args)
                 )
     for name, rows in results.items():
         report(name, rows)
@@ -201,7 +207,7 @@ def main() -> None:
 
 
 def _prompts_file(assets: Path | None, prepared: dict, work: Path) -> Path:
-    """The peers' prompts.jsonl, or the preference data's prompts when there are no assets."""
+    """The assets' prompts.jsonl, or the preference data's prompts when there are no assets."""
     if assets is not None and (assets / "prompts.jsonl").is_file():
         return assets / "prompts.jsonl"
     rows = [json.loads(line) for line in Path(prepared["prefs"]).read_text().splitlines()]

@@ -1,21 +1,21 @@
 #!/usr/bin/env python
 """Seconds per PPO iteration on the issue's fixed workload, next to TRL 1.12's PPOTrainer.
 
-Workload (the same as ``shared/peers/trl_ppo_bench.py --reward rm``): a GPT-2 with 4 layers,
+Workload (the same as ``benchmarks/trl/trl_ppo_bench.py --reward rm``): a GPT-2 with 4 layers,
 4 heads, width 256, 256 positions, 4096-token vocabulary; 32 prompts x 32 new tokens at
 temperature 1; 4 PPO epochs x 4 minibatches of 8; a separate critic initialised from the
 reward model; frozen reference copy; lr 1e-4, k1 KL penalty 0.05.
 
 Models, in order of preference:
-- ``--assets DIR`` in the peers' layout (``tokenizer/``, ``policy/``, ``reward_model/`` as
+- ``--assets DIR`` from ``benchmarks/trl/make_assets.py`` (``tokenizer/``, ``policy/``, ``reward_model/`` as
   GPT2ForSequenceClassification, ``prompts.jsonl``): the exact models TRL is measured on;
 - ``src/rlhfkit/assets/base`` (the bundled pretrained base), with a fresh reward head;
 - otherwise untrained models of the same configuration and a 4096-token BPE trained here on
   CPython's own documentation. Speed depends on shapes, not weights; the output says which.
 
 Prints the median seconds per iteration (first iteration excluded), time per phase,
-generation tokens/s (batch x new-token slots / seconds inside generation, as the peers count
-them), peak RSS, the CPU used by other processes while it ran (the machine is shared), and
+generation tokens/s (batch x new-token slots / seconds inside generation, as the TRL scripts
+count them), peak RSS, the CPU used by other processes while it ran (the machine is shared), and
 the command line. ``--profile`` prints torch.profiler's top operators for one iteration.
 
 Default setting (the fastest correct one measured): bf16 autocast with fp32 master weights and
@@ -27,8 +27,14 @@ tokens only (``--padded`` keeps the padding). ``--bounded-memory`` measures what
 ``rlhfkit --bounded-memory`` does (a lower peak RSS, some speed). On a busy machine use
 ``--threads 1``: two OpenMP threads that get descheduled wait on each other (10x slower).
 
-    .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets   # bf16, eager
-    .venv/bin/python benchmarks/bench_ppo.py --assets /tmp/peers/peer-assets --fp32
+    .venv/bin/python benchmarks/trl/make_assets.py      # once: runs/trl-assets
+    .venv/bin/python benchmarks/bench_ppo.py --assets runs/trl-assets   # bf16, eager
+    .venv/bin/python benchmarks/bench_ppo.py --assets runs/trl-assets --fp32
+
+TRL's PPOTrainer on the same workload (TRL 1.12, the last release with PPO; ``make trl``)::
+
+    .venv-trl-ppo/bin/python benchmarks/trl/trl_ppo_bench.py --reward rm \\
+        --assets runs/trl-assets --iters 8 --eval-prompts 16
 """
 
 from __future__ import annotations
@@ -118,7 +124,11 @@ def load_models(assets: Path | None):
         critic = scored_head_from_seqcls(assets / "reward_model", ValueModel)
         reward_model = scored_head_from_seqcls(assets / "reward_model", RewardModel)
         parts = (tokenizer, policy, reference, critic, reward_model)
-        return f"peer assets {assets} (the models TRL runs on)", *parts, assets / "prompts.jsonl"
+        return (
+            f"TRL bench assets {assets} (the models TRL runs on)",
+            *parts,
+            assets / "prompts.jsonl",
+        )
     if (BASE_ASSET / "config.json").is_file():
         tokenizer = load_tokenizer(BASE_ASSET, padding_side="left")
         policy = load_causal_lm(BASE_ASSET, tokenizer=tokenizer)
@@ -134,7 +144,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--assets", type=Path, default=None, help="peers' asset dir (make_assets.py)")
+    ap.add_argument(
+        "--assets", type=Path, default=None, help="benchmarks/trl/make_assets.py's output"
+    )
     ap.add_argument("--iters", type=int, default=8, help="PPO iterations (the first is excluded)")
     ap.add_argument(
         "--fp32", action="store_true", help="no bf16 autocast (default: bf16, fp32 weights/losses)"

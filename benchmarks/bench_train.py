@@ -1,17 +1,17 @@
 #!/usr/bin/env python
 """Seconds per step and peak memory of rlhfkit's SFT and reward-model training on CPU.
 
-Workload (the settings of ``shared/peers/trl_sft_bench.py`` and ``trl_rm_bench.py``): a GPT-2
+Workload (the settings of ``benchmarks/trl/trl_sft_bench.py`` and ``trl_rm_bench.py``): a GPT-2
 with 4 layers, 4 heads, width 256, 256 positions and a 4096-token vocabulary (dropout 0); fp32;
 AdamW, constant learning rate, gradient clipping at 1; at most 128 tokens per sequence; SFT 16
 sequences per step (lr 1e-4, loss on the completion only), reward model 8 pairs per step
 (lr 5e-5); 40 steps. Each measurement runs in a fresh process, one at a time.
 
 Data and weights, in order of preference:
-- ``--assets DIR`` in the peers' layout (``tokenizer/``, ``sft.jsonl`` with prompt/completion,
+- ``--assets DIR`` from ``benchmarks/trl/make_assets.py`` (``tokenizer/``, ``sft.jsonl`` with prompt/completion,
   ``preference.jsonl``, and ``policy/`` once pretrained): the data TRL is measured on;
 - otherwise a 4096-token byte-level BPE trained here on CPython's documentation
-  (``pydoc_data.topics``, the peers' corpus) and short prompt/response sentences cut from it.
+  (``pydoc_data.topics``, the corpus of those assets) and short prompt/response sentences cut from it.
 Without ``policy/`` the model is an untrained GPT-2 of that configuration: speed depends on
 shapes and token counts, not on weights. The output says which was used.
 
@@ -19,12 +19,15 @@ Prints, per bench, the min / median / max over runs of each run's median seconds
 (first step excluded), the first step, tokens per second (non-padding tokens per step over the
 median step time), peak RSS (``ru_maxrss`` of the run's process), the CPU used by other
 processes during the run (the machine is shared: distrust runs where it exceeds ~0.1 cores),
-TRL's figures from ``shared/peers/README.md`` for reference, and the command line. With
-``--trl-python`` (a TRL 1.16 venv) the peers' own TRL scripts run too, each right after the
-matching rlhfkit run, so both meet the same background load.
+TRL's figures from ``benchmarks/trl/README.md`` for reference, and the command line. With
+``--trl-python`` (the python of ``make trl``'s ``.venv-trl``, TRL 1.16) the TRL scripts of
+``benchmarks/trl/`` run too, each right after the matching rlhfkit run, so both meet the same
+background load.
 
-    .venv/bin/python benchmarks/bench_train.py --assets /tmp/peers/peer-assets --runs 3 \\
-        --trl-python /tmp/peers/.venv-peers-trl116/bin/python
+    .venv/bin/python benchmarks/trl/make_assets.py      # once: runs/trl-assets
+    make trl                                            # once: .venv-trl with TRL 1.16
+    .venv/bin/python benchmarks/bench_train.py --assets runs/trl-assets --runs 3 \\
+        --trl-python .venv-trl/bin/python
 """
 
 from __future__ import annotations
@@ -42,13 +45,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MachineLoad, peak_rss_mib, spread  # noqa: E402
 
-# Reference only: copied from shared/peers/README.md (TRL 1.16.0, 3 runs, quiet 2-core CPU,
+# Reference only: copied from benchmarks/trl/README.md (TRL 1.16.0, 3 runs, quiet 2-core CPU,
 # 2026-11-21), not measured here. Their data averages about 25 tokens per sequence.
 TRL_README = {
     "sft": {"s_step": (0.188, 0.195, 0.200), "first_s": 0.30, "tok_s": 2042, "rss": 930},
     "rm": {"s_step": (0.118, 0.122, 0.139), "first_s": 0.17, "tok_s": 3144, "rss": 765},
 }
-PEERS = Path(__file__).resolve().parents[2] / "shared" / "peers"
+TRL_DIR = Path(__file__).resolve().parent / "trl"  # the TRL side of the comparison
 SETTINGS = {  # per bench: examples per step, learning rate
     "sft": {"batch_size": 16, "learning_rate": 1e-4},
     "rm": {"batch_size": 8, "learning_rate": 5e-5},
@@ -57,7 +60,7 @@ SETTINGS = {  # per bench: examples per step, learning rate
 
 # ----------------------------------------------------------------------------- assets
 def _build_tokenizer(out: Path):
-    """A byte-level BPE with 4096 tokens on CPython's docs; specials as in the peers' assets."""
+    """A byte-level BPE with 4096 tokens on CPython's docs; specials as in benchmarks/trl's assets."""
     import pydoc_data.topics
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -190,13 +193,13 @@ def run_ours(bench: str, work: Path, run: int, args: argparse.Namespace) -> dict
 
 
 def run_trl(bench: str, work: Path, run: int, args: argparse.Namespace) -> dict:
-    """One run of the peers' TRL bench script (same workload), right after ours."""
+    """One run of benchmarks/trl's TRL script for the same workload, right after ours."""
     out = work / f"trl-{bench}-{run}"
-    cmd = [str(args.trl_python), str(args.peers_dir / f"trl_{bench}_bench.py"),
+    cmd = [str(args.trl_python), str(TRL_DIR / f"trl_{bench}_bench.py"),
            "--assets", str(args.assets), "--steps", str(args.steps),
            "--out-dir", str(out), "--json", str(out) + ".json"]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=args.peers_dir, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         sys.exit(f"TRL {bench} run {run} failed:\n{proc.stderr[-3000:]}")
     res = json.loads(Path(str(out) + ".json").read_text())
@@ -244,13 +247,14 @@ def report(bench: str, ours: list[dict], trl: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--assets", type=Path, default=None, help="peers' asset directory")
+    parser.add_argument(
+        "--assets", type=Path, default=None, help="benchmarks/trl/make_assets.py's output"
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per bench (fresh processes)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--bench", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--trl-python", type=Path, help="python of a TRL venv: also run TRL")
-    parser.add_argument("--peers-dir", type=Path, default=PEERS, help="the TRL bench scripts")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # internal: "bench:prepared.json:out"
     args = parser.parse_args()
@@ -261,7 +265,9 @@ def main() -> None:
         print("RESULT " + json.dumps(result))
         return
     if args.trl_python and args.assets is None:
-        parser.error("--trl-python needs --assets (TRL's benches read the peers' assets)")
+        parser.error(
+            "--trl-python needs --assets (the TRL scripts read benchmarks/trl/make_assets.py's assets)"
+        )
     command = shlex.join([Path(sys.executable).name, *sys.argv])
     results: dict[str, dict[str, list[dict]]] = {b: {"ours": [], "trl": []} for b in args.bench}
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 
-from conftest import TargetFraction, tiny_lm, tiny_prompts
+from helpers import TargetFraction, tiny_lm, tiny_prompts
 from rlhfkit.data import encode_demonstrations
 from rlhfkit.models.loading import ValueModel
 from rlhfkit.trainers.ppo import PPOTrainer

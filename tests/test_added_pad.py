@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import build_tiny_tokenizer, tiny_corpus, tiny_lm, tiny_prompts, write_jsonl
+from helpers import build_tiny_tokenizer, tiny_corpus, tiny_lm, tiny_prompts, write_jsonl
 from rlhfkit.errors import UsageError
 from rlhfkit.models.loading import (
     RewardModel,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import _OBJECTS, _SUBJECTS, _VERBS, tiny_lm, write_jsonl
+from helpers import OBJECTS, SUBJECTS, VERBS, tiny_lm, write_jsonl
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
 from rlhfkit.models.loading import disable_dropout
@@ -34,9 +34,9 @@ def _toy_pairs(tokenizer):
     rng = random.Random(0)
     records = [
         Comparison(f"{s.capitalize()} {v}", f" {o}!", f" {o}?")
-        for s in _SUBJECTS
-        for v in _VERBS
-        for o in [rng.choice(_OBJECTS)]
+        for s in SUBJECTS
+        for v in VERBS
+        for o in [rng.choice(OBJECTS)]
     ]
     rng.shuffle(records)
     pairs = preference_pairs(encode_comparisons(records, tokenizer, 64)[0])

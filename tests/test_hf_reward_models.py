@@ -1,10 +1,12 @@
 """Reward models in the standard Hugging Face format, in and out: a one-label
 ``AutoModelForSequenceClassification`` (TRL's reward models) scores the same in rlhfkit and in
 transformers, keeps its trained head as a scorer, a critic's start and `rlhfkit rm`'s start, and
-what `rlhfkit rm` writes is that format. The TRL checks run where the peers' assets are
-(``/tmp/peers/peer-assets``, built by ../shared/peers/make_assets.py); CI has none."""
+what `rlhfkit rm` writes is that format. The TRL checks run where the assets of the TRL
+benchmarks are (``benchmarks/trl/make_assets.py``: ``runs/trl-assets``, or the directory
+``$TRL_BENCH_ASSETS`` names); CI has none."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from transformers import (
     AutoTokenizer,
 )
 
-from conftest import tiny_corpus, tiny_llama
+from helpers import tiny_corpus, tiny_llama
 from rlhfkit.config import RewardConfig
 from rlhfkit.data import Comparison, encode_comparisons
 from rlhfkit.experience.scorer_loading import load_reward_scorer
@@ -22,10 +24,13 @@ from rlhfkit.experience.scorers import ScoreInput
 from rlhfkit.models.loading import RewardModel, ValueModel
 from rlhfkit.trainers.reward import RewardTrainer, run_reward
 
-PEER_ASSETS = Path("/tmp/peers/peer-assets")
+TRL_ASSETS = Path(
+    os.environ.get("TRL_BENCH_ASSETS", Path(__file__).resolve().parents[1] / "runs" / "trl-assets")
+)
 TRL_STEP1_LOSS = 0.743634  # TRL's RewardTrainer, first batch of 8 pairs, from reward_model_init
-needs_peers = pytest.mark.skipif(
-    not (PEER_ASSETS / "manifest.json").is_file(), reason="no peer assets (TRL-made models)"
+needs_trl_assets = pytest.mark.skipif(
+    not (TRL_ASSETS / "manifest.json").is_file(),
+    reason="no assets of benchmarks/trl/make_assets.py (TRL's starting point and reward model)",
 )
 
 
@@ -120,8 +125,8 @@ def _step_one_loss(output_dir: Path) -> float:
 
 
 def _first_step_config(model, data, output_dir, **overrides) -> RewardConfig:
-    """TRL's bench settings (peer_common.common_training_args): one batch of 8 pairs, fp32,
-    constant LR, AdamW without weight decay, gradient clipping at 1."""
+    """TRL's bench settings (``common_training_args`` in benchmarks/trl/trl_common.py): one
+    batch of 8 pairs, fp32, constant LR, AdamW without weight decay, gradient clipping at 1."""
     fields = dict(
         model=str(model),
         train_data=str(data),
@@ -190,27 +195,27 @@ def test_rm_resumes_exactly_from_standard_checkpoints(tiny_model_dir, tiny_token
 
 
 # --------------------------------------------------------------------------- TRL's own models
-@needs_peers
+@needs_trl_assets
 @pytest.mark.parametrize("name", ["reward_model", "reward_model_init"])
 def test_trl_reward_models_score_the_same_in_rlhfkit_and_transformers(name):
-    tokenizer = AutoTokenizer.from_pretrained(PEER_ASSETS / "tokenizer")
-    rows = [json.loads(x) for x in (PEER_ASSETS / "preference_test.jsonl").read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(TRL_ASSETS / "tokenizer")
+    rows = [json.loads(x) for x in (TRL_ASSETS / "preference_test.jsonl").read_text().splitlines()]
     texts = _texts(rows[:32], tokenizer.eos_token)
-    expected, batch = _stock_scores(PEER_ASSETS / name, texts)
-    rm = RewardModel.from_pretrained(PEER_ASSETS / name).eval()
+    expected, batch = _stock_scores(TRL_ASSETS / name, texts)
+    rm = RewardModel.from_pretrained(TRL_ASSETS / name).eval()
     with torch.no_grad():
         ours = rm(batch["input_ids"], batch["attention_mask"])
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-6)
 
 
-@needs_peers
+@needs_trl_assets
 def test_rm_from_trls_starting_point_has_trls_first_step_loss(tmp_path):
     """TRL's bench (trl_rm_bench.py) takes the first 8 pairs of preference.jsonl in file order;
     rlhfkit shuffles, so it trains on a file of just those 8 (one batch, the same mean)."""
-    lines = (PEER_ASSETS / "preference.jsonl").read_text().splitlines()[:8]
+    lines = (TRL_ASSETS / "preference.jsonl").read_text().splitlines()[:8]
     data = tmp_path / "first8.jsonl"
     data.write_text("\n".join(lines) + "\n")
-    run_reward(_first_step_config(PEER_ASSETS / "reward_model_init", data, tmp_path / "rm"))
+    run_reward(_first_step_config(TRL_ASSETS / "reward_model_init", data, tmp_path / "rm"))
     assert _step_one_loss(tmp_path / "rm") == pytest.approx(TRL_STEP1_LOSS, abs=1e-5)
 
 

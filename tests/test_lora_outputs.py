@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import build_tiny_tokenizer, tiny_corpus, tiny_lm
+from helpers import build_tiny_tokenizer, tiny_corpus, tiny_lm
 
 pytestmark = pytest.mark.slow  # a PPO run, then eval, sample, chat and DPO: 40 s or more
 

@@ -14,7 +14,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from conftest import tiny_llama
+from helpers import tiny_llama
 from rlhfkit.errors import UsageError
 from rlhfkit.models.loading import (
     HEAD_CONFIG,

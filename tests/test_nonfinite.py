@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import TargetFraction, tiny_lm, tiny_prompts
+from helpers import TargetFraction, tiny_lm, tiny_prompts
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError, TrainConfig
 from rlhfkit.errors import NonFiniteError, RunError

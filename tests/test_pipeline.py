@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_jsonl, write_pipeline_data
+from helpers import write_jsonl, write_pipeline_data
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.evaluation.report import TABLE_COLUMNS, load_eval

@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from conftest import TARGETS, tiny_corpus, tiny_lm, tiny_prompts
+from helpers import TARGETS, tiny_corpus, tiny_lm, tiny_prompts
 from rlhfkit.data import pad
 from rlhfkit.errors import UsageError
 from rlhfkit.evaluation.evaluate import EvalConfig, evaluate

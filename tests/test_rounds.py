@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from conftest import tiny_corpus, write_jsonl, write_pipeline_data
+from helpers import tiny_corpus, write_jsonl, write_pipeline_data
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.cli import _print_summary
 from rlhfkit.config import ConfigError, load_config

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, GPT2ForSequenceClassification
 
-from conftest import tiny_lm
+from helpers import tiny_lm
 from rlhfkit.config import RewardConfig
 from rlhfkit.data import Comparison, PreferenceExample, encode_comparisons
 from rlhfkit.models.loading import RewardModel

@@ -6,7 +6,7 @@ import json
 import pytest
 from transformers import GPT2Config
 
-from conftest import tiny_lm, write_jsonl
+from helpers import tiny_lm, write_jsonl
 from rlhfkit.config import RewardConfig, SFTConfig, config_parser
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.rollout import load_rollout_models

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""TRL's trainers on the GPU workloads of ``workloads.py``, the peer of ``rlhfkit_bench.py``:
+"""TRL's trainers on the GPU workloads of ``workloads.py``, the counterpart of ``rlhfkit_bench.py``:
 seconds per iteration, tokens per second inside generation, peak CUDA memory and MFU.
 
     PYTHONPATH=$TRL112_PATH python benchmarks/gpu/trl_bench.py --workload ppo  --assets DIR

@@ -337,7 +337,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def digit_reward(texts: list[str]) -> list[float]:
-    """The GRPO reward in both libraries: min(#digit characters, 8) / 8 (the peers' reward)."""
+    """The GRPO reward in both libraries: min(#digit characters, 8) / 8 (the reward of benchmarks/trl/trl_common.py)."""
     return [min(len(DIGIT.findall(t)), 8) / 8.0 for t in texts]
 
 
