@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TargetFraction, tiny_corpus, tiny_lm, tiny_prompts
+from helpers import TargetFraction, tiny_corpus, tiny_lm, tiny_prompts
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import PromptCollator
 from rlhfkit.ops.advantages import group_advantages
@@ -87,7 +87,7 @@ def test_loss_and_gradient_equal_a_plain_loop(padding_free, tiny_tokenizer, tmp_
             ref = reference(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
         surrogate = surrogate - advantages[i] * logp.sum()
         kl = kl + (torch.exp(ref - logp) - (ref - logp) - 1).sum()
-        k1 += float((logp - ref).sum())
+        k1 += float((logp - ref).sum().detach())
     ((surrogate + beta * kl) / lengths.sum()).backward()
     expected_value = (-(advantages * lengths).sum() + beta * kl.detach()) / lengths.sum()
     assert float(loss) == pytest.approx(float(expected_value), abs=1e-5)
@@ -97,6 +97,102 @@ def test_loss_and_gradient_equal_a_plain_loop(padding_free, tiny_tokenizer, tmp_
     torch.testing.assert_close(grad, weight.grad, atol=1e-6, rtol=1e-4)
     assert float(metrics["policy/ratio"]) == pytest.approx(1.0)
     assert float(metrics["policy/clipfrac"]) == 0.0
+
+
+class _HalfGroupsUniform(TargetFraction):
+    """TargetFraction, but every score of the first two groups (of four) is the same: the
+    groups ``skip_uniform_groups`` leaves out."""
+
+    def score(self, batch):
+        scores = super().score(batch).clone()
+        scores[:8] = 0.5
+        return scores
+
+
+@pytest.mark.parametrize(
+    "aggregation, skip",
+    [("sequence_mean", False), ("constant", False), ("token_mean", True), ("sequence_mean", True)],
+)
+def test_loss_aggregations_and_skipped_groups_equal_a_plain_loop(
+    aggregation, skip, tiny_tokenizer, tmp_path
+):
+    scorer, beta, max_new_tokens = _HalfGroupsUniform(), 0.1, 8
+    prompts = tiny_prompts(tiny_tokenizer)
+    reference = tiny_lm(tiny_tokenizer, seed=1)
+    config = _config(
+        tmp_path,
+        beta=beta,
+        loss_aggregation=aggregation,
+        skip_uniform_groups=skip,
+        max_new_tokens=max_new_tokens,
+    )
+    trainer = GRPOTrainer(
+        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, scorer, reference=reference
+    )
+    loss, metrics = trainer.compute_loss(PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
+    loss.backward()
+    weight = trainer.model.transformer.wte.weight
+    grad, weight.grad = weight.grad.clone(), None
+
+    # Row by row: each response's surrogate -A sum_t logp and its k3 sum, then aggregated as
+    # the setting says over the rows in the loss (with skip: not those of the first 2 groups).
+    samples = scorer.last
+    advantages = group_advantages(scorer.score(samples), 4)
+    lengths = samples.response_mask.sum(1)
+    kept = range(8, 16) if skip else range(16)
+    terms, values = [], []
+    for i in kept:
+        prompt = samples.query[i][samples.query_mask[i] != 0]
+        response = samples.response[i, : lengths[i]]
+        ids = torch.cat([prompt, response])[None]
+        rows = slice(len(prompt) - 1, -1)
+        logp = trainer.model(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
+        with torch.no_grad():
+            ref = reference(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
+        k3 = (torch.exp(ref - logp) - (ref - logp) - 1).sum()
+        terms.append(-advantages[i] * logp.sum() + beta * k3)
+        values.append(-advantages[i] * lengths[i] + beta * k3.detach())
+    if aggregation == "token_mean":
+        divisors = [float(sum(lengths[i] for i in kept))] * len(kept)
+    elif aggregation == "sequence_mean":
+        divisors = [float(lengths[i]) * len(kept) for i in kept]
+    else:  # constant: every row of the micro-batch counts, kept or not
+        divisors = [16.0 * max_new_tokens] * len(kept)
+    sum(t / d for t, d in zip(terms, divisors, strict=True)).backward()
+    expected = sum(float(v) / d for v, d in zip(values, divisors, strict=True))
+    assert float(loss) == pytest.approx(expected, abs=1e-5)
+    torch.testing.assert_close(grad, weight.grad, atol=1e-6, rtol=1e-4)
+    assert float(metrics["score/groups_without_signal"]) >= 0.5
+
+
+def test_kl_in_reward_moves_the_kl_from_the_loss_to_the_scores(tiny_tokenizer, tmp_path):
+    scorer, beta = TargetFraction(), 0.5
+    prompts = tiny_prompts(tiny_tokenizer)
+    reference = tiny_lm(tiny_tokenizer, seed=1)
+    config = _config(tmp_path, beta=beta, kl_in_reward=True)
+    trainer = GRPOTrainer(
+        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, scorer, reference=reference
+    )
+    loss, metrics = trainer.compute_loss(PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
+    assert "loss/kl_k3" not in metrics
+    samples = scorer.last
+    lengths = samples.response_mask.sum(1)
+    k1 = []
+    for i in range(len(lengths)):  # each response's k1 KL summed over its tokens, row by row
+        prompt = samples.query[i][samples.query_mask[i] != 0]
+        response = samples.response[i, : lengths[i]]
+        ids = torch.cat([prompt, response])[None]
+        rows = slice(len(prompt) - 1, -1)
+        with torch.no_grad():
+            logp = trainer.model(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
+            ref = reference(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
+        k1.append(float((logp - ref).sum()))
+    penalised = scorer.score(samples) - beta * torch.tensor(k1)
+    advantages = group_advantages(penalised, 4)
+    # At ratio 1 the surrogate's value is -sum_i A_i len_i / tokens, with no KL term.
+    expected = -(advantages * lengths).sum() / lengths.sum()
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
+    assert float(metrics["kl/ref"]) == pytest.approx(sum(k1) / len(k1), rel=1e-4)
 
 
 @pytest.mark.slow
@@ -217,6 +313,8 @@ def test_config_checks():
         GRPOConfig(reward_functions=["m:f"], missing_eos_replace=True)
     with pytest.raises(ConfigError, match="GRPOConfig.score_clip = 0"):
         GRPOConfig(reward_functions=["m:f"], score_clip=0)
+    with pytest.raises(ConfigError, match="GRPOConfig.loss_aggregation = 'sum'"):
+        GRPOConfig(reward_functions=["m:f"], loss_aggregation="sum")
 
 
 @pytest.mark.parametrize(

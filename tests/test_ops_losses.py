@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rlhfkit.ops.losses import (
+    aggregate_token_loss,
     dpo_loss,
     kl_k1,
     kl_k2,
@@ -102,6 +103,50 @@ def test_ppo_policy_loss_unclipped_equals_ratio_objective():
     torch.testing.assert_close(loss, -(advantages * (logprobs - old).exp()).mean())
     assert stats["clipfrac"].item() == 0.0
     assert not any(s.requires_grad for s in stats.values())
+
+
+def test_clip_higher_moves_only_the_upper_bound():
+    # the hand example above with eps_low 0.2, eps_high 0.6: the first token (r = 1.5, A = 1)
+    # is no longer clipped: max(-1.5, -1.5) = -1.5; the third (r = 0.5, A = -1) still is
+    ratio = torch.tensor([[1.5, 0.5, 0.5, 1.0]])
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0]])
+    logprobs = (old + ratio.log()).requires_grad_()
+    advantages = torch.tensor([[1.0, 1.0, -1.0, -2.0]])
+    mask = torch.ones(1, 4)
+    loss, stats = ppo_policy_loss(logprobs, old, advantages, mask, 0.2, clip_range_high=0.6)
+    torch.testing.assert_close(loss, torch.tensor((-1.5 - 0.5 + 0.8 + 2.0) / 4))
+    torch.testing.assert_close(stats["clipfrac"], torch.tensor(0.25))
+    loss.backward()
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[-0.375, -0.125, 0.0, 0.5]]))
+    same, _ = ppo_policy_loss(logprobs, old, advantages, mask, 0.2, clip_range_high=0.2)
+    torch.testing.assert_close(same, ppo_policy_loss(logprobs, old, advantages, mask, 0.2)[0])
+
+
+def test_loss_aggregations_hand_example():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 7.0, 7.0], [9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # the last response is empty
+    # every real token alike: (1 + 2 + 3 + 4) / 4
+    assert aggregate_token_loss(per_token, mask, "token_mean").item() == 2.5
+    # per response (6 / 3 = 2, then 4), the empty one left out: (2 + 4) / 2
+    assert aggregate_token_loss(per_token, mask, "sequence_mean").item() == 3.0
+    # over a constant 3 rows x 5 tokens: 10 / 15
+    constant = aggregate_token_loss(per_token, mask, "constant", max_tokens=5)
+    torch.testing.assert_close(constant, torch.tensor(10 / 15))
+    with pytest.raises(ValueError, match="max_tokens"):
+        aggregate_token_loss(per_token, mask, "constant")
+    with pytest.raises(ValueError, match="token_mean"):
+        aggregate_token_loss(per_token, mask, "sum")
+
+
+def test_sequence_mean_matches_the_plain_loop():
+    gen = torch.Generator().manual_seed(3)
+    per_token = torch.randn(6, 9, generator=gen)
+    lengths = [9, 1, 4, 0, 7, 2]
+    mask = torch.tensor([[int(t < n) for t in range(9)] for n in lengths])
+    means = [sum(per_token[i, :n].tolist()) / n for i, n in enumerate(lengths) if n]
+    expected = sum(means) / len(means)
+    got = aggregate_token_loss(per_token, mask, "sequence_mean")
+    torch.testing.assert_close(got, torch.tensor(expected))
 
 
 def test_ppo_value_loss_hand_example():

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import TARGETS, TargetFraction, tiny_lm, tiny_prompts
+from helpers import TARGETS, TargetFraction, tiny_lm, tiny_prompts
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
@@ -206,6 +206,7 @@ def test_a_checkpoint_with_one_optimiser_for_both_models_is_refused_by_name(
     optimizer_file = tmp_path / "run" / "checkpoint-1" / OPTIMIZER_FILE
     # The layout of earlier versions: a single optimiser's state, not one per learner by name.
     ckpt.save_state(first.learners["policy"].optimizer.state_dict(), optimizer_file)
+    (optimizer_file.parent / ckpt.MANIFEST_FILE).unlink()  # which wrote no manifest either
     second = _trainer(tiny_tokenizer, tmp_path, max_steps=2, resume=True)
     with pytest.raises(ValueError, match="no optimiser state for policy, critic.*resume: false"):
         second.train()
@@ -279,11 +280,26 @@ def test_value_head_critic_and_ptx_term(tiny_tokenizer, tmp_path):
     assert set(trainer.trainable) == {"policy"}
 
 
+def test_kl_in_the_loss_leaves_the_rewards_to_the_score(tiny_tokenizer, tmp_path):
+    trainer = _trainer(tiny_tokenizer, tmp_path, cpu=True, kl_in_loss=True, kl_coef=0.2)
+    with torch.no_grad():  # a reference that differs from the policy: the KL is not 0
+        for p in trainer.models.reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    metrics, rollout = trainer.step()
+    mask = rollout.response_mask
+    last = mask.sum(1) - 1  # (B,) index of each response's last real token
+    expected = torch.zeros_like(rollout.rewards)
+    expected[torch.arange(len(last)), last] = rollout.scores
+    torch.testing.assert_close(rollout.rewards, expected)  # no -beta * KL per token
+    assert metrics["loss/kl_k3"] > 0 and metrics["kl/ref"] != 0
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
         ("rollout_batch_size", 12),  # not a multiple of batch_size 8
         ("clip_range", 0.0),
+        ("clip_range_high", -0.1),
         ("kl_estimator", "k4"),
         ("reward_weights", [1.0, 2.0]),
         ("ptx_coef", -1.0),

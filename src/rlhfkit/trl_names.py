@@ -144,8 +144,7 @@ _ENTROPY_BONUS = missing(
     "GRPO and RLOO have no entropy bonus (PPO has --entropy_coef); the entropy is logged"
 )
 _OTHER_GRPO_LOSSES = missing(
-    "only the clipped objective averaged over the micro-batch's response tokens (TRL's 'dapo') "
-    "is implemented"
+    "only the clipped objective is implemented (--loss_aggregation sets how it is averaged)"
 )
 _PPO_DERIVED = "TRL derives it from the other batch options; here "
 _LORA_ADAPTERS = missing(
@@ -565,7 +564,8 @@ _ONLINE: dict[str, Answer] = {
     ),
     "epsilon": ours("clip_range"),
     "epsilon_high": missing(
-        "the clip range is symmetric (--clip_range); DAPO's higher upper bound is not implemented"
+        "one update per sampled batch keeps the ratio at 1, so no bound acts; "
+        "`rlhfkit ppo` has DAPO's higher upper bound (--clip_range_high)"
     ),
     "reward_weights": same("one weight per scorer: [reward_model, *reward_functions]"),
     "mask_truncated_completions": missing(
@@ -614,7 +614,12 @@ GRPO_CONFIG: dict[str, Answer] = {
         "true or false here: divide by the group's std or not (Dr. GRPO); "
         "TRL's 'batch' is not implemented"
     ),
-    "loss_type": _OTHER_GRPO_LOSSES,
+    "loss_type": ours(
+        "loss_aggregation",
+        note="'bnpo' = token_mean (the default; TRL's 'dapo' too with one micro-batch on one "
+        "process), 'grpo' = sequence_mean, 'dr_grpo' = constant (over --max_new_tokens); "
+        "the clipped objective only (no 'cispo', 'sapo', 'vespo')",
+    ),
     "top_entropy_quantile": missing("every response token counts in the loss"),
     "entropy_coef": _ENTROPY_BONUS,
     "use_adaptive_entropy": _ENTROPY_BONUS,

@@ -14,6 +14,8 @@ from rlhfkit.ops.logprobs import (
 from rlhfkit.ops.losses import (
     DPO_LOSSES,
     KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    aggregate_token_loss,
     dpo_loss,
     kl_k1,
     kl_k2,
@@ -40,6 +42,8 @@ from rlhfkit.ops.masks import (
 __all__ = [
     "DPO_LOSSES",
     "KL_ESTIMATORS",
+    "LOSS_AGGREGATIONS",
+    "aggregate_token_loss",
     "check_token_ids",
     "dpo_loss",
     "entropy_from_logits",

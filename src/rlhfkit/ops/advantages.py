@@ -13,12 +13,19 @@
   Optimization for Learning from Human Feedback in LLMs", the RLOO estimator (after Kool et
   al. 2019): the baseline of sample i is the mean reward of the other k - 1 samples.
 
+- ``reinforce_pp_advantages``: Hu et al. 2025, "REINFORCE++: A Simple and Efficient Approach
+  for Aligning Large Language Models", sec. 3: no critic and no group; each token's return
+  (the per-token rewards, KL penalty included, summed to the end of the response) normalised
+  over every token of the batch, the batch standing for the baseline.
+
 Groups are contiguous blocks of ``group_size`` rows: rows [0, G) answer prompt 0, and so on.
 """
 
 from __future__ import annotations
 
 import torch
+
+from rlhfkit.ops.masks import Reduce, masked_whiten
 
 
 def gae(
@@ -120,3 +127,14 @@ def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:
     grouped = _grouped(scores, group_size)  # (B / G, G)
     others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)
     return (grouped - others_mean).view(-1)
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, mask: torch.Tensor, reduce: Reduce | None = None
+) -> torch.Tensor:
+    """REINFORCE++ advantages of (B, T) per-token rewards: the returns G_t = sum of the
+    rewards from t to the end of the response (gamma 1, no critic), whitened over every real
+    token of the batch (``reduce``: over the processes too, as ``masks.masked_whiten``).
+    Padded positions are 0."""
+    returns, _ = gae(rewards, torch.zeros_like(rewards), mask, 1.0, 1.0)  # V = 0: A_t = G_t
+    return masked_whiten(returns, mask, reduce=reduce)

@@ -2,7 +2,13 @@
 
 Sources, one per function (see each docstring):
 - KL estimators k1, k2, k3: J. Schulman, "Approximating KL Divergence" (blog, 2020).
-- ``ppo_policy_loss``: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7.
+- ``ppo_policy_loss``: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7;
+  the upper clip bound apart from the lower one ("clip-higher"): Yu et al. 2025, "DAPO: An
+  Open-Source LLM Reinforcement Learning System at Scale", eq. 10.
+- ``aggregate_token_loss``: the per-token loss reduced over a batch as a mean over all its
+  tokens (DAPO, sec. 3.3), a mean of per-sequence means (Shao et al. 2024, "DeepSeekMath",
+  eq. 3, GRPO) or a sum over a constant number of tokens (Liu et al. 2025, "Understanding
+  R1-Zero-Like Training: A Critical Perspective", sec. 3.1, Dr. GRPO).
 - ``ppo_value_loss``: the clipped value loss of OpenAI baselines' ppo2 and lm-human-preferences
   (not in the PPO paper), see Huang et al. 2022, "The N Implementation Details of RLHF with PPO".
 - pairwise reward losses: Ouyang et al. 2022 (InstructGPT) eq. 1, Touvron et al. 2023
@@ -15,7 +21,8 @@ Sources, one per function (see each docstring):
 - ``rpo_loss``: Pang et al. 2024, "Iterative Reasoning Preference Optimization" (DPO + NLL).
 
 Per-token losses take a mask and average over real tokens of the whole batch (``masked_mean``
-with ``dim=None``), as lm-human-preferences and TRL do. Tensors that are targets
+with ``dim=None``), as lm-human-preferences and TRL do, unless an ``aggregation`` says
+otherwise (``aggregate_token_loss``). Tensors that are targets
 (old log-probs, advantages, returns, old values, reference log-probs) are detached here.
 """
 
@@ -26,7 +33,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from rlhfkit.ops.masks import masked_mean
+from rlhfkit.ops.masks import masked_mean, masked_sum
 
 
 def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -71,39 +78,83 @@ def kl_penalty(
     return KL_ESTIMATORS[estimator](logprobs, ref_logprobs)
 
 
+LOSS_AGGREGATIONS = ("token_mean", "sequence_mean", "constant")
+
+
+def aggregate_token_loss(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    aggregation: str = "token_mean",
+    max_tokens: int | None = None,
+) -> torch.Tensor:
+    """A (B, T) per-token loss reduced to a scalar over the real tokens of ``mask``.
+
+    - ``token_mean``: the sum over every real token of the batch divided by their count, so
+      each token weighs the same however long its response (DAPO's token-level loss).
+    - ``sequence_mean``: each response's mean over its tokens, then the mean over the
+      responses that have any (GRPO as DeepSeekMath writes it: a long response's tokens
+      each weigh less).
+    - ``constant``: the sum over real tokens divided by B * ``max_tokens``, a constant (Dr.
+      GRPO: neither the length of a response nor of the batch's responses scales a token's
+      gradient).
+    """
+    if aggregation == "token_mean":
+        return masked_mean(per_token, mask)
+    if aggregation == "sequence_mean":
+        has_tokens = (mask != 0).any(dim=1)  # (B,)
+        per_sequence = masked_mean(per_token, mask, dim=1)  # (B,)
+        return masked_sum(per_sequence, has_tokens) / has_tokens.sum().clamp(min=1)
+    if aggregation == "constant":
+        if max_tokens is None or max_tokens < 1:
+            raise ValueError(f"aggregation 'constant' needs max_tokens >= 1, got {max_tokens}")
+        return masked_sum(per_token, mask) / (per_token.shape[0] * max_tokens)
+    raise ValueError(f"aggregation must be one of {LOSS_AGGREGATIONS}, got {aggregation!r}")
+
+
 def ppo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_range: float,
+    clip_range_high: float | None = None,
+    aggregation: str = "token_mean",
+    max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate, negated to be minimised (Schulman et al. 2017, eq. 7).
 
-    loss = masked_mean(max(-A r, -A clip(r, 1 - eps, 1 + eps))), r = exp(logprobs - old).
+    loss = aggregate(max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))), r = exp(logprobs - old).
 
     Args:
         logprobs: (B, T) log-probs under the policy being updated (with gradient).
         old_logprobs: (B, T) log-probs recorded at rollout time.
         advantages: (B, T) advantages (usually whitened GAE).
         mask: (B, T) response mask.
-        clip_range: eps, the policy clip range (not the value one).
+        clip_range: eps_low, the policy clip range below 1 (not the value one); and above 1
+            too unless ``clip_range_high`` is given.
+        clip_range_high: eps_high (DAPO's clip-higher: a larger eps_high lets the probability
+            of an unlikely token with a positive advantage grow more in one update, against
+            entropy collapse); None = ``clip_range``.
+        aggregation, max_tokens: how the per-token terms reduce to the loss
+            (``aggregate_token_loss``); the statistics are token means whatever it is.
 
     Returns:
         ``(loss, stats)``; stats (detached scalars): ``clipfrac``, the share of real tokens
         where the clipped term is the active one; ``approx_kl``, masked_mean of
         0.5 (logprobs - old)^2, the k2 estimate of KL(old || new); ``ratio``, the mean ratio.
     """
-    if clip_range <= 0:
-        raise ValueError(f"clip_range must be > 0, got {clip_range}")
+    high = clip_range if clip_range_high is None else clip_range_high
+    if clip_range <= 0 or high <= 0:
+        raise ValueError(f"clip ranges must be > 0, got {clip_range} and {high}")
     real = mask != 0
     # Zero the log-ratio at padding before exp: an inf there would give NaN gradients.
     log_ratio = torch.where(real, logprobs - old_logprobs.detach(), 0.0)  # (B, T)
     ratio = torch.exp(log_ratio)
     advantages = torch.where(real, advantages.detach(), 0.0)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + high)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = aggregate_token_loss(per_token, mask, aggregation, max_tokens)
     with torch.no_grad():
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).float(), mask),

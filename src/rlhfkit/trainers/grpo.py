@@ -20,9 +20,11 @@ One optimiser step per sampled batch, as TRL's ``GRPOTrainer`` with ``num_iterat
 each micro-batch samples its own groups from the current policy, so the "old" log-probs of
 the ratio are the current ones detached (the ratio is 1 and the clip is inactive; the
 gradient is the policy gradient of the clipped objective at the sampling point, and the
-sampling forward pass is saved). The loss is averaged over all response tokens of the
-micro-batch (``masked_mean``), TRL's default ``loss_type="dapo"``; DeepSeekMath averages per
-sequence first. Rewards from a reward model are read at the EOS the policy emitted, as the
+sampling forward pass is saved). By default the loss is averaged over all response tokens of
+the micro-batch (TRL's ``loss_type="bnpo"``, and its default "dapo" with one micro-batch on
+one process); ``loss_aggregation`` also gives DeepSeekMath's mean of per-sequence means and
+Dr. GRPO's constant normaliser (``ops.losses.aggregate_token_loss``), and
+``skip_uniform_groups`` leaves groups without signal out of the loss (DAPO). Rewards from a reward model are read at the EOS the policy emitted, as the
 reward model was trained; TRL's GRPO scores the text without EOS.
 """
 
@@ -40,7 +42,12 @@ from torch import nn
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import PromptCollator, load_prompts
-from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores
+from rlhfkit.experience.rewards import (
+    RunningMoments,
+    ScoreOptions,
+    process_scores,
+    shape_rewards,
+)
 from rlhfkit.experience.rollout import (
     ExperienceMaker,
     RolloutModels,
@@ -51,9 +58,9 @@ from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import ScoreInput, Scorer
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.passes import response_logprobs, sequence_inputs
-from rlhfkit.ops.advantages import group_advantages, rloo_advantages
+from rlhfkit.ops.advantages import group_advantages, reinforce_pp_advantages, rloo_advantages
 from rlhfkit.ops.logprobs import entropy_from_logits
-from rlhfkit.ops.losses import kl_k3, ppo_policy_loss
+from rlhfkit.ops.losses import aggregate_token_loss, kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
 from rlhfkit.runtime.distributed import stream_seed
 from rlhfkit.runtime.packing import enable_packing
@@ -189,24 +196,29 @@ class GRPOTrainer(PolicyTrainer):
         raw_scores = self.scorer(samples)  # (B,)
         options = self.maker.settings.scores
         scores = process_scores(raw_scores, eos_emitted, options, self.moments)
-        advantages = group_baseline_advantages(scores, cfg)  # (B,)
-        require_finite_values("scores", scores)
-        require_finite_values("advantages", advantages)
 
         response, mask = samples.response, samples.response_mask  # (B, Tr) each
         inputs = sequence_inputs(query, query_mask, response, mask, packed=self.packed)
         logprobs, logits, _ = response_logprobs(self.model, inputs, response, cfg.temperature)
-        token_advantages = advantages[:, None].expand_as(logprobs)  # (B, Tr)
-        # One step per sample: the sampling policy is the current one, so old = current.
-        loss, pg_stats = ppo_policy_loss(
-            logprobs, logprobs.detach(), token_advantages, mask, cfg.clip_range
-        )
-        metrics: dict[str, Any] = {"loss/policy": loss.detach()}
+        ref_logprobs = None
         if cfg.beta > 0:
             ref_logprobs = self.reference_logprobs(inputs, response)  # (B, Tr)
-            kl = masked_mean(kl_k3(logprobs, ref_logprobs), mask)
-            loss = loss + cfg.beta * kl
-            metrics["loss/kl_k3"] = kl.detach()
+        token_advantages = self._advantages(scores, logprobs.detach(), ref_logprobs, mask)
+        advantages = masked_mean(token_advantages, mask, dim=1)  # (B,) for the logs
+        require_finite_values("scores", scores)
+        require_finite_values("advantages", advantages)
+        loss_mask = self._loss_mask(scores, mask)  # (B, Tr)
+        aggregation = {"aggregation": cfg.loss_aggregation, "max_tokens": cfg.max_new_tokens}
+        # One step per sample: the sampling policy is the current one, so old = current.
+        loss, pg_stats = ppo_policy_loss(
+            logprobs, logprobs.detach(), token_advantages, loss_mask, cfg.clip_range, **aggregation
+        )
+        metrics: dict[str, Any] = {"loss/policy": loss.detach()}
+        if ref_logprobs is not None:
+            if not cfg.kl_in_rewards:
+                kl = aggregate_token_loss(kl_k3(logprobs, ref_logprobs), loss_mask, **aggregation)
+                loss = loss + cfg.beta * kl
+                metrics["loss/kl_k3"] = kl.detach()
             # Per response, summed over tokens, k1: the same number PPO logs as kl/ref.
             metrics["kl/ref"] = masked_sum(logprobs.detach() - ref_logprobs, mask) / len(mask)
         with torch.no_grad():
@@ -216,6 +228,34 @@ class GRPOTrainer(PolicyTrainer):
         metrics["time/update_forward"] = time.perf_counter() - generated
         self._log_samples(samples, raw_scores, advantages)
         return loss, metrics
+
+    def _advantages(self, scores, logprobs, ref_logprobs, mask) -> torch.Tensor:
+        """(B, Tr) advantages of the response tokens from the processed ``scores`` (B,).
+
+        A group baseline gives each token its response's advantage; with the KL in the
+        rewards each score first loses beta x its response's k1 KL. REINFORCE++ spreads the
+        rewards over the tokens as PPO does (-beta x k1 per token, the score at the last) and
+        whitens each token's return over the micro-batch."""
+        cfg = self.config
+        if cfg.advantage == "reinforce++":
+            beta = cfg.beta if ref_logprobs is not None else 0.0
+            reference = logprobs if ref_logprobs is None else ref_logprobs
+            rewards, _ = shape_rewards(scores, logprobs, reference, mask, beta, "k1")
+            return reinforce_pp_advantages(rewards, mask)
+        if cfg.kl_in_rewards and ref_logprobs is not None:
+            scores = scores - cfg.beta * masked_sum(logprobs - ref_logprobs, mask, 1)
+        advantages = group_baseline_advantages(scores, cfg)  # (B,)
+        return advantages[:, None].expand_as(logprobs)
+
+    def _loss_mask(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The response mask (B, Tr) of the tokens in the loss: all of them, or with
+        ``skip_uniform_groups`` those of the groups whose scores differ."""
+        if not self.config.skip_uniform_groups:
+            return mask
+        grouped = scores.view(-1, self.config.num_generations)  # (P, k)
+        varied = grouped.amax(dim=1) > grouped.amin(dim=1)  # (P,)
+        keep = varied.repeat_interleave(self.config.num_generations)  # (B,)
+        return mask * keep[:, None].to(mask.dtype)
 
     def _sample_stats(self, raw_scores, advantages, mask, eos_emitted, pg_stats) -> dict:
         """Metrics named as PPO's (`rollout.rollout_stats`) where they mean the same."""

@@ -42,16 +42,29 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
     """Use only the first this many training prompts; None uses all."""
     max_prompt_length: int = 128
     """Prompts longer than this many tokens keep their last tokens."""
-    advantage: Literal["grpo", "rloo"] = "grpo"
-    """Group baseline: 'grpo' = (score - group mean) [/ group std]; 'rloo' = leave-one-out."""
+    advantage: Literal["grpo", "rloo", "reinforce++"] = "grpo"
+    """Baseline: 'grpo' = (score - group mean) [/ group std]; 'rloo' = leave-one-out;
+    'reinforce++' = no group: each token's return (KL penalty per token, as PPO) whitened over
+    the micro-batch (the KL is then always in the rewards)."""
     scale_rewards: bool = True
     """GRPO only: divide by the group std (False = Dr. GRPO, centring only)."""
     num_generations: int = 4
     """Responses sampled per prompt (the group size k, >= 2)."""
     beta: float = 0.04
     """Weight of the k3 KL(pi || ref) term in the loss; 0 drops it and the reference model."""
+    kl_in_reward: bool = False
+    """Put the KL in the scores instead of the loss: each response's score less beta x its k1
+    KL summed over its tokens, before the group baseline (as PPO puts it in the rewards)."""
     clip_range: float = 0.2
     """Policy ratio clip range epsilon of the clipped objective."""
+    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
+    """How the per-token loss reduces over a micro-batch: 'token_mean' (every response token
+    weighs the same; DAPO), 'sequence_mean' (each response's token mean, then their mean;
+    GRPO as published) or 'constant' (the sum over max_new_tokens x responses; Dr. GRPO)."""
+    skip_uniform_groups: bool = False
+    """Leave groups whose scores are all equal out of the loss (DAPO's dynamic sampling,
+    without the re-sampling): their advantages are 0, so they only dilute the token mean and
+    the KL term; `score/groups_without_signal` counts them."""
     reference: str | None = None
     """Reference model name or directory; None uses the starting model `model`."""
     disable_dropout: bool = True
@@ -83,6 +96,11 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
         )
 
     @property
+    def kl_in_rewards(self) -> bool:
+        """Whether the KL penalises the rewards (no KL term in the loss)."""
+        return self.kl_in_reward or self.advantage == "reinforce++"
+
+    @property
     def rollout_size(self) -> int:
         """Responses sampled per micro-batch: batch_size prompts x num_generations."""
         return self.batch_size * self.num_generations
@@ -94,5 +112,7 @@ class RLOOConfig(GRPOConfig):
 
     output_dir: str = "runs/rloo"
     """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
-    advantage: Literal["grpo", "rloo"] = "rloo"
-    """Group baseline: 'grpo' = (score - group mean) [/ group std]; 'rloo' = leave-one-out."""
+    advantage: Literal["grpo", "rloo", "reinforce++"] = "rloo"
+    """Baseline: 'grpo' = (score - group mean) [/ group std]; 'rloo' = leave-one-out;
+    'reinforce++' = no group: each token's return (KL penalty per token, as PPO) whitened over
+    the micro-batch (the KL is then always in the rewards)."""

@@ -64,7 +64,7 @@ from rlhfkit.models.passes import (
     sequence_inputs,
 )
 from rlhfkit.ops.logprobs import entropy_from_logits
-from rlhfkit.ops.losses import ppo_policy_loss, ppo_value_loss
+from rlhfkit.ops.losses import kl_k3, ppo_policy_loss, ppo_value_loss
 from rlhfkit.ops.masks import masked_mean
 from rlhfkit.runtime.distributed import mean_over_ranks, rank_seed
 from rlhfkit.runtime.sharding import shard
@@ -221,7 +221,7 @@ class PPOTrainer(Trainer):
         rollout = self.maker.make(
             batch["query"],
             batch["query_mask"],
-            kl_coef=self.kl_controller.value,
+            kl_coef=0.0 if self.config.kl_in_loss else self.kl_controller.value,
             moments=self.moments,
             generator=self.sample_generator,
         )
@@ -260,7 +260,7 @@ class PPOTrainer(Trainer):
         )  # (b, Tr), (b, Tr, V), (b, Tr) or None
         mask = mb.response_mask
         loss, pg_stats = ppo_policy_loss(
-            mb_logprobs, mb.logprobs, mb.advantages, mask, cfg.clip_range
+            mb_logprobs, mb.logprobs, mb.advantages, mask, cfg.clip_range, cfg.clip_range_high
         )
         stats = {
             "loss/policy": loss.item(),
@@ -268,6 +268,10 @@ class PPOTrainer(Trainer):
             "policy/clipfrac": pg_stats["clipfrac"].item(),
             "policy/ratio": pg_stats["ratio"].item(),
         }
+        if cfg.kl_in_loss:
+            kl = masked_mean(kl_k3(mb_logprobs, mb.ref_logprobs), mask)
+            loss = loss + self.kl_controller.value * kl
+            stats["loss/kl_k3"] = kl.item()
         if values is not None:
             value_loss, value_stats = self._value_loss(values, mb)
             loss = loss + value_loss

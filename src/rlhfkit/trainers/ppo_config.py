@@ -78,6 +78,10 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     """beta of the per-token KL penalty (the initial value when `adaptive_kl`)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     """Per-token KL estimator in the rewards (k1 = log pi - log ref, as InstructGPT)."""
+    kl_in_loss: bool = False
+    """Put the KL in the policy loss instead of the rewards: kl_coef x the k3 estimate per
+    token, averaged as the policy loss is (as GRPO does); the rewards are then the score
+    alone. `kl/ref` still reports the k1 KL of the rollout."""
     adaptive_kl: bool = False
     """Adapt beta towards `kl_target` (Ziegler et al. 2019)."""
     kl_target: float = 6.0
@@ -90,6 +94,9 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     """GAE lambda."""
     clip_range: float = 0.2
     """Policy ratio clip range epsilon."""
+    clip_range_high: float | None = None
+    """Upper clip range: the ratio is clipped to [1 - clip_range, 1 + clip_range_high]
+    (DAPO's clip-higher, e.g. 0.28 with clip_range 0.2); None = clip_range."""
     clip_range_value: float | None = 0.2
     """Value clip range around the rollout values; None = unclipped value loss."""
     vf_coef: float = 0.1
@@ -145,6 +152,8 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
         require(self, "gamma", 0 <= self.gamma <= 1, "a number in [0, 1]")
         require(self, "lam", 0 <= self.lam <= 1, "a number in [0, 1]")
         require(self, "clip_range", self.clip_range > 0, "a number > 0")
+        high = self.clip_range_high
+        require(self, "clip_range_high", high is None or high > 0, "None or a number > 0")
         value_clip = self.clip_range_value
         require(self, "clip_range_value", value_clip is None or value_clip > 0, "None or > 0")
         for name in ("vf_coef", "entropy_coef", "ptx_coef"):
