@@ -195,6 +195,49 @@ def test_kl_in_reward_moves_the_kl_from_the_loss_to_the_scores(tiny_tokenizer, t
     assert float(metrics["kl/ref"]) == pytest.approx(sum(k1) / len(k1), rel=1e-4)
 
 
+def test_reinforce_pp_gradient_equals_a_plain_loop(tiny_tokenizer, tmp_path):
+    """REINFORCE++: per-token rewards -beta k1 (the score at the last token), returns to the
+    end of the response, whitened over the micro-batch's tokens; no KL term in the loss."""
+    scorer, beta = TargetFraction(), 0.5
+    prompts = tiny_prompts(tiny_tokenizer)
+    reference = tiny_lm(tiny_tokenizer, seed=1)
+    config = _config(tmp_path, beta=beta, advantage="reinforce++")
+    trainer = GRPOTrainer(
+        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, scorer, reference=reference
+    )
+    loss, metrics = trainer.compute_loss(PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
+    assert "loss/kl_k3" not in metrics
+    loss.backward()
+    weight = trainer.model.transformer.wte.weight
+    grad, weight.grad = weight.grad.clone(), None
+
+    samples = scorer.last
+    scores = scorer.score(samples).tolist()
+    lengths = samples.response_mask.sum(1).tolist()
+    logps, returns = [], []
+    for i, n in enumerate(lengths):
+        prompt = samples.query[i][samples.query_mask[i] != 0]
+        response = samples.response[i, :n]
+        ids = torch.cat([prompt, response])[None]
+        rows = slice(len(prompt) - 1, -1)
+        logp = trainer.model(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
+        with torch.no_grad():
+            ref = reference(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
+        rewards = (-beta * (logp.detach() - ref)).view(-1).tolist()
+        rewards[-1] += scores[i]
+        returns.append([sum(rewards[t:]) for t in range(n)])
+        logps.append(logp.view(-1))
+    flat = [g for row in returns for g in row]
+    mean = sum(flat) / len(flat)
+    std = (sum((g - mean) ** 2 for g in flat) / (len(flat) - 1)) ** 0.5
+    surrogate = sum(
+        -((torch.tensor(row) - mean) / std * logp).sum()
+        for row, logp in zip(returns, logps, strict=True)
+    )
+    (surrogate / sum(lengths)).backward()
+    torch.testing.assert_close(grad, weight.grad, atol=1e-5, rtol=1e-3)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("advantage", ["grpo", "rloo"])
 def test_learns_a_trivial_reward_and_the_reference_does_not_move(
@@ -313,6 +356,7 @@ def test_config_checks():
         GRPOConfig(reward_functions=["m:f"], missing_eos_replace=True)
     with pytest.raises(ConfigError, match="GRPOConfig.score_clip = 0"):
         GRPOConfig(reward_functions=["m:f"], score_clip=0)
+    assert GRPOConfig(reward_functions=["m:f"], advantage="reinforce++").kl_in_rewards
     with pytest.raises(ConfigError, match="GRPOConfig.loss_aggregation = 'sum'"):
         GRPOConfig(reward_functions=["m:f"], loss_aggregation="sum")
 

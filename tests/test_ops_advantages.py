@@ -5,7 +5,12 @@ import statistics
 import pytest
 import torch
 
-from rlhfkit.ops.advantages import gae, group_advantages, rloo_advantages
+from rlhfkit.ops.advantages import (
+    gae,
+    group_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 
 
 def test_gae_three_step_hand_example_with_padding():
@@ -140,3 +145,31 @@ def test_group_errors(fn):
         fn(torch.zeros(4), 1)
     with pytest.raises(ValueError, match=r"scores must be \(B,\)"):
         fn(torch.zeros(4, 1), 2)
+
+
+def test_reinforce_pp_hand_example():
+    # returns to the end of each response: [1, 1, 1] and [2 - 0.5, 2, pad] = [1.5, 2]
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [-0.5, 2.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    got = reinforce_pp_advantages(rewards, mask)
+    real = [1.0, 1.0, 1.0, 1.5, 2.0]
+    mean, std = statistics.fmean(real), statistics.stdev(real)  # unbiased, as masked_var
+    expected = torch.tensor(
+        [[(r - mean) / std for r in real[:3]], [*((r - mean) / std for r in real[3:]), 0.0]]
+    )
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_reinforce_pp_matches_the_plain_loop():
+    gen = torch.Generator().manual_seed(1)
+    rewards = torch.randn(4, 6, generator=gen)
+    lengths = [6, 2, 4, 1]
+    mask = torch.tensor([[int(t < n) for t in range(6)] for n in lengths])
+    returns = [[sum(rewards[i, t:n].tolist()) for t in range(n)] for i, n in enumerate(lengths)]
+    flat = [g for row in returns for g in row]
+    mean, std = statistics.fmean(flat), statistics.stdev(flat)
+    got = reinforce_pp_advantages(rewards, mask)
+    for i, row in enumerate(returns):
+        for t, g in enumerate(row):
+            assert got[i, t].item() == pytest.approx((g - mean) / std, abs=1e-5)
+    assert (got[mask == 0] == 0).all()
