@@ -39,11 +39,16 @@ def test_atomic_dir_flushes_everything_before_the_rename(tmp_path, monkeypatch):
         (tmp / "nested").mkdir()
         (tmp / "nested" / "state.json").write_text("{}")
         written = [tmp / "weights.safetensors", tmp / "nested" / "state.json", tmp / "nested", tmp]
+    written.append(tmp / "manifest.json")  # written last, by atomic_dir
     into_place = events.index(("replace", str(target)))
     flushed = {path for kind, path in events[:into_place] if kind == "fsync"}
     assert {str(p) for p in written} <= flushed
     assert ("fsync", str(tmp_path)) in events[into_place:]  # the rename itself, on the disk
-    assert sorted(p.name for p in target.iterdir()) == ["nested", "weights.safetensors"]
+    names = ["manifest.json", "nested", "weights.safetensors"]
+    assert sorted(p.name for p in target.iterdir()) == names
+    manifest = checkpoint.read_json(target / "manifest.json")
+    assert sorted(manifest["files"]) == ["nested/state.json", "weights.safetensors"]
+    assert manifest["files"]["weights.safetensors"]["size"] == 64
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint-3"]  # nothing left aside
 
 

@@ -12,11 +12,26 @@ A checkpoint directory is written under a temporary name and renamed into place 
 over. Its files and directories are flushed to the disk (fsync) before the rename and the
 parent directory after it, as `write_json` does for one file, so that a power loss too leaves
 the old version or the new one, never a renamed directory of empty files.
+
+Integrity: the last file written into a directory before its rename is `manifest.json`, the
+size and SHA-256 of every other file in it. `verify` holds a directory to it, so that bytes
+damaged after the write (a disk, a copy, a hand) are caught before anything trains on them or
+reports a run complete: resume skips a damaged checkpoint for the newest one that verifies
+(`intact_checkpoint`), `final/` counts as complete only when it verifies (`is_complete`), and
+every model a stage loads from a local directory is checked (`models/loading.py`). A directory
+without a manifest (another tool's, the hub's, an older rlhfkit's) loads unchecked, as before.
+
+Disk errors: a write that fails for a reason of the disk (full, quota, I/O) is a
+`DiskWriteError` naming the file, the bytes being written and the space left, and a directory
+whose writing failed is removed at once rather than holding its space until the next start.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
+import logging
 import os
 import random
 import re
@@ -28,14 +43,22 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+from rlhfkit.errors import DamagedError, DiskWriteError
+
+logger = logging.getLogger(__name__)
 
 CHECKPOINT_PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
 # Names of directories being written or replaced; whatever a killed run left is removed on start.
 TEMPORARY_PREFIX = ".tmp-"
 ASIDE_PREFIX = ".old-"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "rlhfkit.manifest"
+DAMAGED_SUFFIX = ".damaged"  # a checkpoint that failed its check, kept for a look, never loaded
+_HASH_CHUNK = 1 << 20  # bytes read at a time: the hash never holds a whole file in memory
 _TENSOR = "__tensor__"  # JSON placeholder {"__tensor__": name} for a tensor stored by name
 _ITEMS = "__items__"  # JSON form {"__items__": [[key, value], ...]} of a dict with non-str keys
 
@@ -74,7 +97,10 @@ def save_state(obj: Any, path: str | Path) -> None:
     """Write a nested state (dicts, lists, tensors, JSON scalars) to one safetensors file."""
     tensors: dict[str, torch.Tensor] = {}
     structure = flatten_state(obj, tensors)
-    save_file(tensors, str(path), metadata={"structure": json.dumps(structure)})
+    metadata = {"structure": json.dumps(structure)}
+    size = sum(t.numel() * t.element_size() for t in tensors.values()) + len(metadata["structure"])
+    with disk_errors(path, size):
+        save_file(tensors, str(path), metadata=metadata)
 
 
 def load_state(path: str | Path, device: str | torch.device = "cpu") -> Any:
@@ -147,11 +173,16 @@ def write_json(data: Any, path: str | Path) -> None:
     half a file, even after a power loss."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=2) + "\n"
+    try:
+        with disk_errors(path, len(text.encode())), tmp.open("w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync(path.parent)
 
 
@@ -186,11 +217,40 @@ def rotate_checkpoints(output_dir: str | Path, keep_last: int) -> list[Path]:
 
 
 def is_complete(output_dir: str | Path) -> bool:
-    """Whether `output_dir` holds a finished run (`final/` with a complete trainer state)."""
-    state_file = Path(output_dir) / "final" / STATE_FILE
-    if not state_file.is_file():
+    """Whether `output_dir` holds a finished run: `final/` with a complete trainer state, whose
+    files match its manifest. A damaged `final/` is no finished run, said in a warning."""
+    final = Path(output_dir) / "final"
+    if not (final / STATE_FILE).is_file():
         return False
-    return bool(read_json(state_file).get("complete"))
+    try:
+        verify(final)
+        return bool(read_json(final / STATE_FILE).get("complete"))
+    except ValueError as error:  # DamagedError, or JSON that does not parse (no manifest)
+        logger.warning("%s is not a finished run: %s", final, error)
+        return False
+
+
+def intact_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest checkpoint in `output_dir` that verifies (or has no manifest to check), or
+    None. Each newer one that fails is renamed `checkpoint-N.damaged`, so that neither this
+    resume nor a later one, nor rotation counting it among the newest, takes it again; a
+    warning names it, the file and why."""
+    for path in reversed(checkpoint_dirs(output_dir)):
+        try:
+            verify(path)
+            return path
+        except DamagedError as error:
+            aside = path.with_name(path.name + DAMAGED_SUFFIX)
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(path, aside)
+            logger.warning(
+                "skipping checkpoint %s: %s. Resuming from the newest checkpoint before it "
+                "that verifies; the damaged one is kept as %s (delete it when done)",
+                path.name,
+                f"{error.name}: {error.reason}",
+                aside,
+            )
+    return None
 
 
 def stale_temporaries(output_dir: str | Path) -> list[Path]:
@@ -203,29 +263,202 @@ def stale_temporaries(output_dir: str | Path) -> list[Path]:
 
 
 def replace_dir(tmp: Path, path: Path) -> None:
-    """Put the complete directory `tmp` in the place of `path`: an earlier `path` is moved
-    aside, not deleted, until the new one is in place. `tmp` is on the disk before the
-    rename, the rename before the old copy goes."""
+    """Put the complete directory `tmp` in the place of `path`, with its manifest written
+    last: an earlier `path` is moved aside, not deleted, until the new one is in place (and
+    back if the rename fails). `tmp` is on the disk before the rename, the rename before the
+    old copy goes."""
+    write_manifest(tmp)
     fsync_tree(tmp)
     old = path.parent / f"{ASIDE_PREFIX}{path.name}"
     shutil.rmtree(old, ignore_errors=True)
     if path.exists():
         os.replace(path, old)
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        if old.exists():
+            os.replace(old, path)
+        raise
     fsync(path.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 
 @contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory that replaces `path` only if the block finishes."""
+    """Yield a temporary directory that replaces `path` only if the block finishes; if it
+    fails, the temporary is removed at once (`removed_on_error`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{TEMPORARY_PREFIX}{path.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    try:
+    with removed_on_error(tmp):
         yield tmp
         replace_dir(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- manifests
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, read a chunk at a time."""
+    digest = hashlib.sha256()
+    buffer = bytearray(_HASH_CHUNK)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as f:
+        while count := f.readinto(buffer):
+            digest.update(view[:count])
+    return digest.hexdigest()
+
+
+def write_manifest(root: Path) -> None:
+    """Write `root/manifest.json`: the size and SHA-256 of every file under `root`, by its
+    path relative to `root` ("/"-separated)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p != root / MANIFEST_FILE)
+    entries = {
+        p.relative_to(root).as_posix(): {"size": p.stat().st_size, "sha256": file_sha256(p)}
+        for p in files
+    }
+    manifest = {"format": MANIFEST_FORMAT, "version": 1, "files": entries}
+    write_json(manifest, root / MANIFEST_FILE)
+
+
+# Directories that verified, with the size, time and inode of each file then: a model loaded
+# three times (tokenizer, policy, reference) is hashed once, and a file written since is not
+# taken for verified.
+_verified: dict[Path, tuple] = {}
+
+
+def verify(directory: str | Path) -> bool:
+    """Hold `directory` to its manifest: True when every file it lists is there with its size
+    and SHA-256, False when there is no rlhfkit manifest (another tool's directory: nothing to
+    check), a `DamagedError` naming the first file that fails otherwise (sizes are compared
+    first, all of them, before any file is read). A subdirectory of a directory with a manifest
+    (a PPO `final/critic`) is held to its parent's entries. Files the manifest does not list
+    are not looked at."""
+    directory = Path(directory)
+    found = _manifest_entries(directory)
+    if found is None:
+        return False
+    stats = {}
+    for name, entry in found.items():
+        path = directory / name
+        if not path.is_file():
+            raise DamagedError(directory, name, "it is missing")
+        stats[name] = path.stat()
+        if stats[name].st_size != entry["size"]:
+            reason = (
+                f"it holds {stats[name].st_size} bytes where its manifest says "
+                f"{entry['size']} (truncated, or written over)"
+            )
+            raise DamagedError(directory, name, reason)
+    signature = tuple((name, s.st_size, s.st_mtime_ns, s.st_ino) for name, s in stats.items())
+    key = directory.resolve()
+    if _verified.get(key) == signature:
+        return True
+    for name, entry in found.items():
+        if file_sha256(directory / name) != entry["sha256"]:
+            reason = "its SHA-256 is not the one in its manifest: its bytes changed after the write"
+            raise DamagedError(directory, name, reason)
+    _verified[key] = signature
+    return True
+
+
+def _manifest_entries(directory: Path) -> dict[str, dict[str, Any]] | None:
+    """The manifest entries of the files in `directory` (its own manifest, else its parent's
+    entries below it), or None where no rlhfkit manifest covers it."""
+    for manifest, prefix in [
+        (directory / MANIFEST_FILE, ""),
+        (directory.parent / MANIFEST_FILE, f"{directory.name}/"),
+    ]:
+        if not manifest.is_file():
+            continue
+        try:
+            content = read_json(manifest)
+            if not isinstance(content, dict) or content.get("format") != MANIFEST_FORMAT:
+                continue  # another tool's manifest.json
+            entries = {
+                name[len(prefix) :]: {"size": int(e["size"]), "sha256": str(e["sha256"])}
+                for name, e in content["files"].items()
+                if name.startswith(prefix)
+            }
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            reason = f"it does not read as a manifest ({type(error).__name__}: {error})"
+            raise DamagedError(manifest.parent, MANIFEST_FILE, reason) from error
+        if entries or not prefix:
+            return entries
+    return None
+
+
+# --------------------------------------------------------------------------- disk errors
+def _is_disk_error(error: BaseException) -> bool:
+    """An OSError, or safetensors' wrapping of one (its errors carry no errno)."""
+    if isinstance(error, DiskWriteError):
+        return False  # already told
+    if isinstance(error, OSError):
+        return not isinstance(error, FileNotFoundError | IsADirectoryError | NotADirectoryError)
+    return isinstance(error, SafetensorError) and "Io" in str(error)
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes free on the disk that holds `path` (its nearest existing ancestor)."""
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def _disk_reason(path: Path, error: BaseException) -> str:
+    """ "No space left on device (ENOSPC); 1,024 bytes free on its disk"."""
+    code = getattr(error, "errno", None)
+    reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code else str(error)
+    free = _free_bytes(path)
+    return reason + (f"; {free:,} bytes free on its disk" if free is not None else "")
+
+
+@contextmanager
+def disk_errors(path: str | Path, size: int | None = None) -> Iterator[None]:
+    """A write of `size` bytes to `path`: its disk's failure as a `DiskWriteError` naming the
+    file, the bytes and the space left."""
+    try:
+        yield
+    except Exception as error:
+        if not _is_disk_error(error):
+            raise
+        what = f"{size:,} bytes" if size is not None else "bytes"
+        reason = _disk_reason(Path(path), error)
+        raise DiskWriteError(f"writing {what} to {path} failed: {reason}") from error
+
+
+@contextmanager
+def removed_on_error(tmp: Path, remove: bool = True) -> Iterator[None]:
+    """Writing the temporary directory `tmp`: on any failure it is removed at once (where
+    `remove`: the process that owns it), so that it does not hold its space until the next
+    start; a disk error that does not yet name its file names the one being written (the
+    error's own, or the newest file in `tmp`) and what `tmp` held by then."""
+    try:
+        yield
+    except BaseException as error:
+        message = _disk_error_in(tmp, error) if _is_disk_error(error) else None
+        if remove:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if message is None:
+            raise
+        removal = "; it is removed" if remove else ""
+        raise DiskWriteError(f"{message}{removal})") from error
+
+
+def _disk_error_in(tmp: Path, error: BaseException) -> str:
+    """What a disk error while writing `tmp` was writing: the file the error names, else the
+    newest in `tmp`, with its bytes and all of `tmp`'s by then (the message's last parenthesis
+    is left open for the caller)."""
+    named = getattr(error, "filename", None)
+    files = [p for p in tmp.rglob("*") if p.is_file()]
+    path = Path(named) if named else max(files, key=lambda p: p.stat().st_mtime_ns, default=tmp)
+    partial = f"{path.stat().st_size:,} bytes of it and " if path.is_file() else ""
+    held = sum(p.stat().st_size for p in files)
+    return (
+        f"writing {path} failed: {_disk_reason(path, error)} ({partial}{held:,} bytes in all "
+        f"written into {tmp} by then"
+    )

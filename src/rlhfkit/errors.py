@@ -35,3 +35,24 @@ def require_finite(quantity: str, value: float) -> None:
     """A `NonFiniteError` naming ``quantity`` where ``value`` is NaN or inf."""
     if not math.isfinite(value):
         raise NonFiniteError(quantity, value)
+
+
+class DamagedError(UsageError):
+    """A directory rlhfkit wrote whose files no longer match its manifest (``checkpoint.py``):
+    a file missing, of another size, or with other bytes. Names the directory, the file and
+    which; the directory's writer knew what it held, so the damage came after."""
+
+    def __init__(self, directory: object, name: str, reason: str) -> None:
+        super().__init__(
+            f"{directory}: {name} is damaged: {reason}. Use an intact copy (an earlier "
+            "checkpoint of its run, or run the stage again); if you changed the file on purpose, "
+            "delete manifest.json there to load the directory unchecked"
+        )
+        self.directory = directory
+        self.name = name
+        self.reason = reason
+
+
+class DiskWriteError(RunError):
+    """Writing a file failed for a reason of the disk (full, over a quota, read-only, an I/O
+    error). Names the file, the bytes being written and the space left."""

@@ -17,6 +17,9 @@ Departures:
   or a causal LM loads. Critics and LoRA training checkpoints keep rlhfkit's own format, a plain
   backbone directory plus ``score_head.safetensors`` and ``score_head.json``, which also still
   loads as a reward model. Safetensors only, never pickle.
+- A local directory rlhfkit wrote (a ``final/``, a checkpoint) is held to its manifest
+  (``checkpoint.verify``) before anything of it loads, and a damaged file is refused by name;
+  a directory without one (another tool's, the hub's) loads unchecked.
 - Loading asks for safetensors (``use_safetensors=True``): a directory holding only a pickle
   checkpoint (``pytorch_model.bin``) is refused, since unpickling runs whatever code the file
   carries, unless the user sets ``RLHFKIT_TRUST_PICKLE=1`` for a source they trust. A local
@@ -47,7 +50,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from rlhfkit.checkpoint import atomic_dir
+from rlhfkit.checkpoint import atomic_dir, verify
 from rlhfkit.data.sources import is_hub_name
 from rlhfkit.errors import UsageError
 from rlhfkit.models.reward_format import (
@@ -75,13 +78,15 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "to
 # --------------------------------------------------------------------------- where models are
 def check_model_source(name_or_path: str | os.PathLike, option: str = "model") -> None:
     """Refuse, naming ``option``, a local path that holds no model (nothing there, an empty
-    or other directory, weights only as a pickle); a name of the hub's form passes."""
+    or other directory, weights only as a pickle) or whose files fail its manifest (a
+    ``DamagedError`` naming the file); a name of the hub's form passes."""
     path = Path(name_or_path)
     if not path.exists() and is_hub_name(str(name_or_path)):
         return
     names = {p.name for p in path.iterdir()} if path.is_dir() else set()
     if not names & {"config.json", "adapter_config.json"}:
         raise UsageError(f"{option} {str(name_or_path)!r}: {_not_a_model(path, names)}")
+    verify(path)
     if any(n.startswith(_SAFETENSORS) and ".safetensors" in n for n in names):
         return
     pickles = sorted(n for n in names if n.startswith(_PICKLES))
@@ -114,6 +119,7 @@ def _check_tokenizer_source(name_or_path: str | os.PathLike) -> None:
     directory whose tokenizer was not saved with it."""
     path = Path(name_or_path)
     if path.is_dir() and any((path / name).is_file() for name in _TOKENIZER_FILES):
+        verify(path)
         return
     if path.is_dir() and (path / "config.json").is_file():
         raise UsageError(

@@ -32,6 +32,16 @@ writes `final/` (model + tokenizer + `trainer_state.json` with `"complete": true
 `resume=True` a complete run is skipped. Evaluation runs with the random streams saved and
 restored around it, so `eval_every` never changes the training trajectory.
 
+What a run writes is checked when read (`checkpoint.py`): each checkpoint and `final/` ends
+with a manifest of its files' sizes and SHA-256; resume takes the newest checkpoint that
+verifies, setting a damaged one aside with a warning, and a damaged `final/` is no finished
+run. A checkpoint whose writing fails is removed at once, a disk error named with its file and
+bytes, and the record of the failure (`failed.json`) never hides the failure itself.
+
+One writer per directory: the run holds `run.lock` in `output_dir` while it trains
+(`runtime/output_lock.py`), so a second start there is refused naming the first; under
+torchrun, every process stops at the next step boundary once its launcher is gone.
+
 Non-finite numbers: a loss or gradient norm that is NaN or inf (and for PPO and GRPO a score,
 advantage, value or KL of a rollout) stops the run at that step with a `RunError` naming it,
 before the optimiser step and before any checkpoint or `final/` is written from that state, so
@@ -53,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
 import shutil
@@ -65,7 +76,13 @@ from typing import Any
 import numpy as np
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedDataParallelKwargs, send_to_device, set_seed
+from accelerate.utils import (
+    DistributedDataParallelKwargs,
+    broadcast_object_list,
+    send_to_device,
+    set_seed,
+)
+from safetensors import SafetensorError
 from torch import nn
 
 from rlhfkit import checkpoint as ckpt
@@ -75,6 +92,7 @@ from rlhfkit.errors import NonFiniteError, RunError, UsageError, require_finite
 from rlhfkit.models.loading import check_model_source
 from rlhfkit.runtime.distributed import sum_over_ranks
 from rlhfkit.runtime.machine import Runtime
+from rlhfkit.runtime.output_lock import launcher_alive, launcher_pid, output_lock
 from rlhfkit.runtime.sharding import (
     ShardedModel,
     load_local_optimizer_state,
@@ -253,6 +271,7 @@ class Trainer:
         self.tracker: Tracker | None = None
         self._prepared = False  # resume / clean-up happen on the first train() call only
         self._saved_at = -1  # the step of the latest checkpoint
+        self.launcher = launcher_pid()  # torchrun's, whose death stops the run
 
     # ----------------------------------------------------------------- the processes
     def distribute(self, name: str, model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -373,11 +392,14 @@ class Trainer:
         `stop_after`: make at most this many steps in this call, then write a checkpoint and
         return (a time-sliced job; the next `train()` resumes there).
         """
-        try:
-            return self._train(stop_after)
-        except Exception as error:
-            self._mark_failed(error)
-            raise
+        # The lock first: a run refused for another's lock must not write failed.json there.
+        lock = output_lock(self.output_dir) if self.accelerator.is_main_process else nullcontext()
+        with lock:
+            try:
+                return self._train(stop_after)
+            except Exception as error:
+                self._mark_failed(error)
+                raise
 
     def _train(self, stop_after: int | None) -> TrainerState:
         if not self._prepared:
@@ -405,16 +427,21 @@ class Trainer:
                     self.save_checkpoint()
                 return self.state
             self._finish()
-        finally:
-            self.tracker.close()
+        except BaseException:
+            with _logged_instead("closing the tracker"):  # a full disk fails this too
+                self.tracker.close()
+            raise
+        self.tracker.close()
         return self.state
 
     def _mark_failed(self, error: Exception) -> None:
         """Write `failed.json` (the step and the error) so that a directory of a run that
-        stopped on an error says so; the next start removes it."""
+        stopped on an error says so; the next start removes it. On a full disk this write
+        fails too: logged, so that the error raised stays the first one."""
         if self.accelerator.is_main_process and self.output_dir.is_dir():
             failure = {"step": self.state.step, "error": f"{type(error).__name__}: {error}"}
-            ckpt.write_json(failure, self.output_dir / FAILED_FILE)
+            with _logged_instead(f"recording the failure in {self.output_dir / FAILED_FILE}"):
+                ckpt.write_json(failure, self.output_dir / FAILED_FILE)
 
     def _prepare_run(self) -> bool:
         """Resume or clear `output_dir`; True if the run is already complete."""
@@ -428,7 +455,7 @@ class Trainer:
                 logger.info("%s holds a finished run; skipping", self.output_dir)
                 self._restore_state(ckpt.read_json(self.config.final_dir / ckpt.STATE_FILE))
                 return True
-            latest = ckpt.latest_checkpoint(self.output_dir)
+            latest = self._resume_point()
             if latest is not None:
                 self.load_checkpoint(latest)  # restores the random streams too
                 return False
@@ -445,12 +472,42 @@ class Trainer:
         set_seed(self.config.seed)
         return False
 
+    def _resume_point(self) -> Path | None:
+        """The newest checkpoint that verifies (`ckpt.intact_checkpoint`), chosen by the main
+        process, which sets damaged ones aside, and told to the others."""
+        choice = [None]
+        if self.accelerator.is_main_process:
+            found = ckpt.intact_checkpoint(self.output_dir)
+            choice = [None if found is None else str(found)]
+        if self.accelerator.num_processes > 1:
+            broadcast_object_list(choice)
+        return None if choice[0] is None else Path(choice[0])
+
+    def _check_launcher(self) -> None:
+        """A `RunError` on every process once the launcher of any is gone (one collective, so
+        that all stop at the same step): a new start on this directory must not race workers
+        that lost theirs."""
+        if self.launcher is None:
+            return
+        gone = not launcher_alive(self.launcher)
+        if self.accelerator.num_processes > 1:
+            flag = torch.tensor(float(gone), device=self.accelerator.device)
+            gone = bool(sum_over_ranks(flag).item())
+        if gone:
+            raise RunError(
+                f"the launcher that started this run (torchrun, pid {self.launcher} for process "
+                f"{self.accelerator.process_index}) is gone, so the run stops before step "
+                f"{self.state.step + 1} instead of training on without it. Start it again to "
+                f"resume {self.output_dir} from its newest checkpoint"
+            )
+
     def _run_steps(self, target: int) -> None:
         self.model.train()
         cfg = self.config
         sums: dict[str, float] = {}
         count = 0
         while self.state.step < target:
+            self._check_launcher()
             started = time.perf_counter()
             metrics = self._guarded_step()
             if metrics is not None:
@@ -636,20 +693,24 @@ class Trainer:
         acc = self.accelerator
         # Each process writes its own RNG state into one shared temporary directory; the main
         # process renames it into place once everyone is done.
+        # A failed write removes the temporary at once (the main process, which made it).
         tmp = self.output_dir / f"{ckpt.TEMPORARY_PREFIX}{path.name}"
         with self.whole_models():
             if acc.is_main_process:
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir(parents=True)
-                self.save_checkpoint_model(tmp)
+                with ckpt.removed_on_error(tmp):
+                    self.save_checkpoint_model(tmp)
         acc.wait_for_everyone()
-        if acc.is_main_process or self.sharded:
-            ckpt.save_state(self._optimizer_state(), tmp / self._optimizer_file())
-        ckpt.save_state(self._rng_state(), tmp / f"rng_state_{acc.process_index}.safetensors")
+        with ckpt.removed_on_error(tmp, remove=acc.is_main_process):
+            if acc.is_main_process or self.sharded:
+                ckpt.save_state(self._optimizer_state(), tmp / self._optimizer_file())
+            ckpt.save_state(self._rng_state(), tmp / f"rng_state_{acc.process_index}.safetensors")
         acc.wait_for_everyone()
         if acc.is_main_process:
-            ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
-            ckpt.replace_dir(tmp, path)
+            with ckpt.removed_on_error(tmp):
+                ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
+                ckpt.replace_dir(tmp, path)  # the manifest last, then the rename
             for old in ckpt.rotate_checkpoints(self.output_dir, self.config.keep_last):
                 logger.info("deleted old checkpoint %s", old)
         acc.wait_for_everyone()
@@ -681,7 +742,26 @@ class Trainer:
         self.state = dataclasses.replace(self.state, **{k: saved[k] for k in fields & set(saved)})
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore model, optimisers, schedules, RNG streams and data position from `path`."""
+        """Restore model, optimisers, schedules, RNG streams and data position from `path`. A
+        file that does not read (in a checkpoint without a manifest to catch it before) is a
+        `RunError` naming the checkpoint."""
+        try:
+            self._load_checkpoint(path)
+        except (UsageError, RunError):
+            raise
+        except (SafetensorError, json.JSONDecodeError, OSError, EOFError) as error:
+            why = (
+                "Its files match its manifest, so it was written so"
+                if (path / ckpt.MANIFEST_FILE).is_file()
+                else f"It has no {ckpt.MANIFEST_FILE} to check its files against (an older "
+                "rlhfkit wrote it, or the manifest was removed)"
+            )
+            raise RunError(
+                f"checkpoint {path} does not load: {type(error).__name__}: {error}. {why}; "
+                "delete it to resume from the one before, or start again with resume: false"
+            ) from error
+
+    def _load_checkpoint(self, path: Path) -> None:
         saved = ckpt.read_json(path / ckpt.STATE_FILE)
         if saved["total_steps"] != self.state.total_steps:
             message = "%s planned %d steps; continuing to this run's %d"
@@ -729,3 +809,13 @@ class Trainer:
         for name, generator in self.generators().items():
             generator.set_state(rng.pop(f"generator/{name}"))
         ckpt.set_rng_state(rng)
+
+
+@contextmanager
+def _logged_instead(doing: str) -> Iterator[None]:
+    """Run a clean-up while an error is on its way out: an `OSError` of its own (the disk
+    that failed the run is full for it too) is logged, never raised in the first's place."""
+    try:
+        yield
+    except OSError as error:
+        logger.error("%s failed as well: %s", doing, error)
