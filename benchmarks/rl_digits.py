@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""PPO, GRPO and RLOO on the digits task at the same number of sampled responses (issues #4, #5).
+"""PPO (a value per token, or per response), GRPO, RLOO and REINFORCE++ on the digits task at
+the same number of sampled responses.
 
 Task: ``rlhfkit.tasks:digits_reward`` (digit runs plus number words in the continuation,
 capped at 10), policies start from the bundled base model (``tasks.BASE_MODEL_DIR``, a 4-layer
@@ -7,7 +8,7 @@ GPT-2 pretrained on Jane Austen; the task is continue-the-prompt, so no SFT is n
 base model is the frozen reference of every KL term. Each method samples the same number of
 responses per iteration and in total: PPO 32 prompts x 1 response (4 epochs x 4 minibatches
 of 8 per iteration, a separate critic initialised from the policy with a fresh value head);
-GRPO and RLOO 8 prompts x 4 responses (one optimiser step per iteration). Same
+GRPO, RLOO and REINFORCE++ 8 prompts x 4 responses (one optimiser step per iteration). Same
 ``max_new_tokens``, temperature 1, seed, bf16 autocast (fp32 master weights).
 
 Measured:
@@ -29,7 +30,7 @@ Defaults, tuned on seed 42 at 100 iterations (3,200 responses per method): PPO l
 three or two three" number soup and climb towards the cap of 10 at a KL of 11-34 nats
 (kl_coef 0.05, 0.1 at lr 3e-5, 0.2, 0.3: held-out distinct-2 0.42, 0.53, 0.57, 0.71 on 128
 prompts, base 0.87); kl_coef 0.5 stays fluent but gains only 3.7x; lr 1e-5 with kl_coef 0.05
-only 2.1x. GRPO and RLOO share lr 5e-5 (constant) and beta 0.04 (configs/grpo.yaml,
+only 2.1x. GRPO, RLOO and REINFORCE++ share lr 5e-5 (constant) and beta 0.04 (configs/grpo.yaml,
 rloo.yaml); at lr 1e-4 both saturate at the cap with distinct-2 below 0.46 (512 prompts, base
 0.77). About 9 minutes on 2 shared cores (PPO 3 s, GRPO / RLOO 0.8 s per iteration).
 
@@ -63,7 +64,8 @@ from rlhfkit.trainers.ppo import run_ppo  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
 
 REWARD = "rlhfkit.tasks:digits_reward"
-METHODS = ("ppo", "grpo", "rloo")
+METHODS = ("ppo", "ppo-sequence", "grpo", "rloo", "reinforce++")
+CRITIC_METHODS = {"ppo": "gae", "ppo-sequence": "sequence"}  # PPO's advantage estimators
 RESPONSES_PER_ITER = 32
 GENERATIONS = 4  # GRPO / RLOO group size: 8 prompts x 4 = 32 responses
 PROMPT_LENGTH = 64
@@ -71,9 +73,10 @@ LAST = 5  # iterations averaged at each end of a train curve
 EVAL_SEED = 0  # the same held-out samples whatever the training seed
 
 
-def ppo_config(args, out: Path) -> PPOConfig:
+def ppo_config(args, out: Path, estimator: str = "gae") -> PPOConfig:
     """configs/ppo.yaml's defaults, with the digits scorer and the base model."""
     return PPOConfig(
+        advantage_estimator=estimator,
         model=str(BASE_MODEL_DIR), reward_model=None, reward_functions=[REWARD],
         output_dir=str(out), train_data=str(demo_data("prompts")), seed=args.seed,
         max_prompt_length=PROMPT_LENGTH, max_steps=args.iterations,
@@ -103,8 +106,8 @@ def train(method: str, args) -> dict:
     out = args.out / method
     started = time.perf_counter()
     if not args.eval_only:
-        if method == "ppo":
-            run_ppo(ppo_config(args, out))
+        if method in CRITIC_METHODS:
+            run_ppo(ppo_config(args, out, CRITIC_METHODS[method]))
         else:
             run_grpo(group_config(args, out, method))
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/score/mean" in r]
@@ -114,7 +117,7 @@ def train(method: str, args) -> dict:
         "kl": [r["train/kl/ref"] for r in rows],
         "entropy": [r["train/policy/entropy"] for r in rows],
     }
-    if method != "ppo":
+    if method not in CRITIC_METHODS:
         curve["groups_without_signal"] = [r["train/score/groups_without_signal"] for r in rows]
     seconds = None if args.eval_only else time.perf_counter() - started
     return {"dir": str(out), "seconds": seconds, "curve": curve}

@@ -294,12 +294,27 @@ def test_kl_in_the_loss_leaves_the_rewards_to_the_score(tiny_tokenizer, tmp_path
     assert metrics["loss/kl_k3"] > 0 and metrics["kl/ref"] != 0
 
 
+def test_the_sequence_estimators_critic_learns_the_prompts_value_only(tiny_tokenizer, tmp_path):
+    trainer = _trainer(tiny_tokenizer, tmp_path, cpu=True, advantage_estimator="sequence")
+    _, rollout = trainer.step()
+    mb = rollout.select(torch.arange(len(rollout)))
+    values = torch.randn_like(mb.values)
+    loss, _ = trainer._value_loss(values, mb)
+    elsewhere = values.clone()
+    elsewhere[:, 1:] += 10.0  # any value after the prompt's: not the critic's target
+    torch.testing.assert_close(trainer._value_loss(elsewhere, mb)[0], loss)
+    first = values.clone()
+    first[:, 0] += 10.0
+    assert trainer._value_loss(first, mb)[0] > loss
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
         ("rollout_batch_size", 12),  # not a multiple of batch_size 8
         ("clip_range", 0.0),
         ("clip_range_high", -0.1),
+        ("advantage_estimator", "td"),
         ("kl_estimator", "k4"),
         ("reward_weights", [1.0, 2.0]),
         ("ptx_coef", -1.0),

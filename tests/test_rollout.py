@@ -160,6 +160,22 @@ def test_advantages_are_whitened_gae_and_returns_are_unwhitened():
     assert torch.allclose(raw.advantages, advantages)
 
 
+def test_the_sequence_estimator_baselines_each_return_with_the_prompts_value():
+    rollout = _rollout(kl_coef=0.05, estimator="sequence", whiten_advantages=False)
+    per_token = _rollout(kl_coef=0.05)  # the same samples, a value per token
+    mask = rollout.response_mask
+    for i in range(len(rollout)):
+        n = int(mask[i].sum())
+        rewards = rollout.rewards[i, :n].tolist()
+        baseline = per_token.values[i, 0].item()  # the critic's value of the prompt
+        for t in range(n):
+            expected = sum(rewards[t:]) - baseline  # A_t = G_t - V(prompt), by hand
+            assert rollout.advantages[i, t].item() == pytest.approx(expected, abs=1e-5)
+            assert rollout.returns[i, t].item() == pytest.approx(sum(rewards[t:]), abs=1e-5)
+            assert rollout.values[i, t].item() == baseline
+    assert (rollout.advantages[mask == 0] == 0).all()
+
+
 def test_missing_eos_penalty_reaches_the_rewards():
     options = ScoreOptions(missing_eos_penalty=10.0)
     rollout = _rollout(scores=options)

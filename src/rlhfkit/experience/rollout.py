@@ -161,6 +161,10 @@ class RolloutSettings:
         sampling: sampling settings for the responses.
         kl_estimator: "k1" (InstructGPT), "k2" or "k3", for the per-token KL penalty.
         gamma, lam: GAE discount and lambda.
+        estimator: "gae" (a value per token, InstructGPT) or "sequence" (one value per
+            response: the critic's value of the prompt is the baseline of every token's
+            return to the end, A_t = G_t - V(prompt); GAE with that value at every token and
+            lambda 1 computes it, the values telescoping away).
         whiten_advantages: normalise advantages over the batch (mean 0, std 1).
         scores: missing-EOS penalty, normalisation and clipping of scores.
         forward_batch_size: rows per forward pass after sampling; None = the whole batch.
@@ -170,6 +174,7 @@ class RolloutSettings:
     kl_estimator: str = "k1"
     gamma: float = 1.0
     lam: float = 0.95
+    estimator: str = "gae"
     whiten_advantages: bool = True
     scores: ScoreOptions = field(default_factory=ScoreOptions)
     forward_batch_size: int | None = None
@@ -340,7 +345,10 @@ class ExperienceMaker:
             scores, logprobs, ref_logprobs, out.response_mask, kl_coef, settings.kl_estimator
         )
         mask = out.response_mask
-        advantages, returns = gae(rewards, values, mask, settings.gamma, settings.lam)  # 5
+        lam = settings.lam
+        if settings.estimator == "sequence":  # V(prompt), read at the first response token
+            values, lam = values[:, :1].expand_as(values) * (mask != 0), 1.0
+        advantages, returns = gae(rewards, values, mask, settings.gamma, lam)  # 5
         if settings.whiten_advantages:  # over the whole batch, on every process
             advantages = masked_whiten(advantages, mask, reduce=sum_over_ranks)
         return Rollout(

@@ -301,10 +301,14 @@ class PPOTrainer(Trainer):
     def _value_loss(
         self, values: torch.Tensor, mb: Rollout
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """``vf_coef`` times the clipped value loss of ``values`` (b, Tr)."""
+        """``vf_coef`` times the clipped value loss of ``values`` (b, Tr): at every response
+        token, or with the sequence estimator at the first only (the value of the prompt)."""
         cfg = self.config
+        mask = mb.response_mask
+        if cfg.advantage_estimator == "sequence":
+            mask = torch.cat([mask[:, :1], torch.zeros_like(mask[:, 1:])], dim=1)
         loss, clip_stats = ppo_value_loss(
-            values.float(), mb.values, mb.returns, mb.response_mask, cfg.clip_range_value
+            values.float(), mb.values, mb.returns, mask, cfg.clip_range_value
         )
         stats = {"loss/value": loss.item(), "value/clipfrac": clip_stats["vf_clipfrac"].item()}
         return cfg.vf_coef * loss, stats

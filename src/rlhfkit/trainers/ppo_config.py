@@ -92,6 +92,11 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     """GAE discount."""
     lam: float = 0.95
     """GAE lambda."""
+    advantage_estimator: Literal["gae", "sequence"] = "gae"
+    """'gae': a critic value per token (InstructGPT); 'sequence': one value per response, the
+    critic's value of the prompt, as the baseline of each token's return to the end of the
+    response (the KL penalty included; lambda 1): a sequence-level actor-critic whose critic
+    learns only that one value."""
     clip_range: float = 0.2
     """Policy ratio clip range epsilon."""
     clip_range_high: float | None = None
@@ -196,6 +201,7 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
             kl_estimator=self.kl_estimator,
             gamma=self.gamma,
             lam=self.lam,
+            estimator=self.advantage_estimator,
             whiten_advantages=self.whiten_advantages,
             scores=ScoreOptions.of(self),
             forward_batch_size=self.forward_batch_size,
