@@ -15,7 +15,9 @@ from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.interact.sampling import sample_responses
 from rlhfkit.labelling import prepare as prepare_module
 from rlhfkit.labelling.app import create_app
+from rlhfkit.labelling.guidelines import read_guidelines, render_guidelines
 from rlhfkit.labelling.prepare import PrepareConfig, run_prepare
+from rlhfkit.labelling.serve import ServeConfig
 from rlhfkit.labelling.store import Store
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 
@@ -295,6 +297,89 @@ def test_a_labeller_sees_only_their_own_progress_and_the_admin_everyone(client, 
         c.close()
 
 
+# ------------------------------------------------------------------- guidelines, quotas
+GUIDELINES = """# How to judge
+
+Prefer the **honest** answer. See [the rubric](https://example.org/rubric).
+
+<script>alert(1)</script> <img src=x onerror=alert(2)>
+
+[bad](javascript:alert(3)) [data](data:text/html,<b>x</b>) [local](/progress)
+![a picture](https://example.org/p.png)
+"""
+
+
+def test_guidelines_are_markdown_made_safe():
+    html = str(render_guidelines(GUIDELINES))
+    assert "<h1>How to judge</h1>" in html and "<strong>honest</strong>" in html
+    assert (
+        '<a href="https://example.org/rubric" rel="noopener noreferrer" target="_blank">'
+        "the rubric</a>"
+    ) in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &lt;img src=x onerror=alert(2)&gt;" in html
+    assert "<script" not in html and "<img" not in html
+    assert re.findall(r'href="([^"]*)"', html) == [
+        "https://example.org/rubric",
+        "https://example.org/p.png",  # an image is a link to it: the page loads nothing
+    ]
+    assert "[bad](javascript:alert(3))" in html and "[local](/progress)" in html
+
+
+def test_guidelines_beside_every_task_and_on_their_own_page(db, tmp_path):
+    path = tmp_path / "guidelines.md"
+    path.write_text(GUIDELINES)
+    app = create_app(db, admin_token=ADMIN, guidelines=read_guidelines(path))
+    with TestClient(app, base_url=LOCAL) as c:
+        assert c.get("/guidelines", follow_redirects=False).headers["location"] == "/login"
+        sign_in(c, "ann")
+        page = c.get("/").text
+        assert '<details class="guidelines" id="guidelines">' in page
+        assert "<summary>Guidelines</summary>" in page and "<h1>How to judge</h1>" in page
+        assert '<a href="/guidelines">Guidelines</a>' in page  # and in the header
+        page = c.get("/guidelines").text
+        assert 'id="guidelines-page"' in page and "<strong>honest</strong>" in page
+        assert "<script>alert" not in page
+    with TestClient(create_app(db), base_url=LOCAL) as c:  # none given: none shown
+        sign_in(c, "ann")
+        assert "guidelines" not in c.get("/").text.lower()
+        assert c.get("/guidelines").status_code == 404
+    for content, problem in [(b"\xff\xfe", "not UTF-8 text"), (b"x" * 600_000, "more than")]:
+        path.write_bytes(content)
+        with pytest.raises(UsageError, match=problem):
+            read_guidelines(path)
+    with pytest.raises(UsageError, match="ServeConfig.guidelines = 'no/such.md'"):
+        ServeConfig(guidelines="no/such.md")
+
+
+def test_a_quota_caps_each_labellers_tasks_and_the_admin_sees_it(db):
+    with TestClient(create_app(db, admin_token=ADMIN, quota=1), base_url=LOCAL) as c:
+        sign_in(c, "ann")
+        assert c.get("/api/next").json()["progress"] == {
+            "votes": 0,
+            "left": 1,
+            "quota": 1,
+            "judged": 0,
+        }
+        assert vote(c, 1, "skip").status_code == 201  # a skip is no judgment...
+        task = c.get("/api/next").json()["task"]
+        assert vote(c, task["id"], order=[0, 1]).status_code == 201  # ...this one is
+        answer = c.get("/api/next").json()
+        assert answer["task"] is None and answer["progress"]["left"] == 0
+        page = c.get("/").text
+        assert "Nothing left for you to label" in page
+        assert "You have judged your quota of 1 task." in page
+        assert "Your quota: <b>1</b> task to judge" in c.get("/progress").text
+        c.post("/api/login", json={"token": ADMIN})
+        page = c.get("/progress").text
+        assert "each labeller judges at most <b>1</b> task" in page
+        assert "<th>Quota</th>" in page and "<td>1 / 1</td>" in page
+        assert c.get("/api/progress").json()["quota"] == 1
+    with pytest.raises(ValueError, match="quota=0"):
+        create_app(db, quota=0)
+    with pytest.raises(UsageError, match="ServeConfig.quota = 0 is not allowed"):
+        ServeConfig(quota=0)
+
+
 def test_with_tokens_only_tokens_sign_in(db):
     store = Store(db)
     token = store.issue_token("ann")
@@ -415,6 +500,26 @@ def test_prepare_from_a_file_then_export(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["label", "export", "--help"])
     assert "(runs/label/preferences.summary.json)" in " ".join(capsys.readouterr().out.split())
+
+
+def test_export_formats_from_the_command_line(tmp_path, capsys):
+    source = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "a", "responses": ["x", "y"]}])
+    db = str(tmp_path / "l.db")
+    assert main(["label", "prepare", "--db", db, "--responses", source]) == 0
+    store = Store(db)
+    store.sign_in(name="ann")
+    shown = store.next_task("ann", 1)
+    store.record_vote("ann", str(uuid.uuid4()), shown.task.id, "rank", [0, 1], rating=3)
+    store.close()
+    for fmt, name in [("jsonl", "p.jsonl"), ("parquet", "p.parquet"), ("dataset", "p")]:
+        out = str(tmp_path / name)
+        assert main(["label", "export", "--db", db, "--out", out, "--format", fmt]) == 0
+        (record,) = load_records(out, "comparisons")
+        assert record.prompt == "a" and {record.chosen, record.rejected} == {"x", "y"}
+    with pytest.raises(SystemExit) as info:  # a folder's name, as format 'dataset' wrote
+        main(["label", "export", "--db", db, "--out", out, "--format", "parquet"])
+    assert info.value.code == 2
+    assert "expected a .parquet file path (format 'parquet')" in capsys.readouterr().err
 
 
 def test_prepare_leaves_out_a_record_with_two_identical_responses(tmp_path, caplog):

@@ -63,15 +63,16 @@ TASKS = [
 
 
 @contextmanager
-def serve_in_thread(db, labels_per_task):
-    """The labelling app on uvicorn in a thread, on a free port of 127.0.0.1."""
+def serve_in_thread(db, labels_per_task, **options):
+    """The labelling app on uvicorn in a thread, on a free port of 127.0.0.1; `options` go to
+    `create_app` (guidelines, quota)."""
     import uvicorn
 
     from rlhfkit.labelling.app import create_app
     from rlhfkit.labelling.serve import listening_socket
 
     sock = listening_socket("127.0.0.1", 0)
-    app = create_app(db, labels_per_task=labels_per_task, admin_token=ADMIN)
+    app = create_app(db, labels_per_task=labels_per_task, admin_token=ADMIN, **options)
     config = uvicorn.Config(app, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -413,3 +414,126 @@ def test_on_a_phone_the_vote_is_in_reach_and_a_failure_is_plain(browser, shots, 
     (vote,) = Store(db).votes()
     assert vote.choice == "bad"
     page.close()
+
+
+# ------------------------------------------------------------- drag and drop, guidelines
+RANKING = (
+    "Which answer explains rain best?",
+    [
+        "Water vapour cools as it rises, condenses on dust into droplets, and the droplets "
+        "merge until they are heavy enough to fall.",
+        "Clouds get heavy.",
+        "Rain is water falling from clouds when their droplets grow too large to stay up.",
+        "The sky cries.",
+    ],
+)
+GUIDELINES = """# Guidelines for this round
+
+Read the prompt, then **every** response before you vote.
+
+1. Prefer the response that is *correct*; then the clearer one; then the shorter one.
+2. A response that refuses a harmless request is worse than a plain answer.
+3. Flag anything harmful or private (`harmful`, `private information`), whatever you vote.
+
+Use **Both are bad** when neither response should be shown to a user, and **Skip** only when
+you cannot judge (a language you do not read, say). See
+[InstructGPT's labelling instructions](https://arxiv.org/abs/2203.02155) for more examples.
+
+<script>alert("never runs")</script>
+"""
+
+
+def card_slots(page):
+    """The display slots of the ranking's cards, in the order they stand on the page."""
+    return page.eval_on_selector_all(".rankable", "cards => cards.map(c => Number(c.dataset.slot))")
+
+
+def test_drag_and_drop_ranks_and_the_cards_move_as_they_are_placed(browser, shots, tmp_path):
+    """With the mouse (Playwright's drag_to: press, move, release): a card dropped on another
+    takes its place and is placed after the placed cards above it; a click places one; the
+    placed cards stand first, best first; the ranking stored is the one on the page."""
+    db = tmp_path / "labels.db"
+    store = Store(db, create=True)
+    store.add_tasks([RANKING])
+    store.close()
+    page = browser.new_page(viewport={"width": 1100, "height": 1000})
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    with serve_in_thread(db, labels_per_task=1) as url:
+        page.goto(url)
+        page.fill("#name", "dee")
+        page.keyboard.press("Enter")
+        wait_for_task(page, 1)
+        card = page.locator
+        assert card_slots(page) == [0, 1, 2, 3]
+        card('[data-slot="2"]').drag_to(card('[data-slot="0"]'))  # up, onto the first
+        assert card_slots(page) == [2, 0, 1, 3]
+        assert page.locator("#order").text_content() == "3"
+        card('[data-slot="3"]').drag_to(card('[data-slot="0"]'))  # second place
+        assert card_slots(page) == [2, 3, 0, 1]
+        card('[data-slot="0"]').drag_to(card('[data-slot="2"]'))  # first, above the 3
+        assert card_slots(page) == [0, 2, 3, 1]
+        assert page.locator("#order").text_content() == "1 > 3 > 4"
+        card('[data-slot="2"]').drag_to(card('[data-slot="3"]'))  # a placed one moved down
+        assert card_slots(page) == [0, 3, 2, 1]
+        card('[data-slot="1"]').click()  # clicks still place: the last one
+        assert page.locator("#order").text_content() == "1 > 4 > 3 > 2"
+        assert card('[data-slot="3"] .place').text_content() == "placed 2nd"
+        shown = slot_texts(page)
+        page.click('[data-action="submit"]')
+        page.wait_for_selector("text=Nothing left for you to label")
+    (vote,) = Store(db).votes()
+    assert vote.choice == "rank"
+    assert [RANKING[1][i] for i in vote.ranking] == [visible(shown[s]) for s in (0, 3, 2, 1)]
+    assert not errors, errors
+    page.close()
+
+
+def test_guidelines_fold_above_a_phone_ranking_and_have_a_page_of_their_own(
+    browser, shots, tmp_path
+):
+    """The guidelines (Markdown made safe) fold above the task, stay as the labeller left
+    them from one task to the next, and have a page of their own; a ranking fits a phone,
+    its cards standing in the order placed."""
+    from rlhfkit.labelling.guidelines import render_guidelines
+
+    db = tmp_path / "labels.db"
+    store = Store(db, create=True)
+    store.add_tasks([RANKING, ("Another.", ["a", "b", "c"])])
+    store.close()
+    page = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    options = {"guidelines": render_guidelines(GUIDELINES)}
+    with serve_in_thread(db, labels_per_task=1, **options) as url:
+        page.goto(url)
+        page.fill("#name", "pat")
+        page.keyboard.press("Enter")
+        wait_for_task(page, 1)
+        guidelines = page.locator("#guidelines")
+        assert guidelines.get_attribute("open") is None  # folded at first
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        page.locator('[data-slot="2"]').click()
+        page.locator('[data-slot="0"]').click()
+        assert card_slots(page) == [2, 0, 1, 3]
+        page.evaluate("window.scrollTo(0, 0)")
+        page.screenshot(path=shots / "labelling-ranking-phone.png")
+        page.locator("#guidelines summary").click()
+        assert guidelines.locator("strong").first.text_content() == "every"
+        assert guidelines.locator("script").count() == 0 and page.evaluate("window.__xss") is None
+        assert 'alert("never runs")' in guidelines.inner_text()  # shown as text
+        page.locator('[data-slot="1"]').click()
+        page.locator('[data-slot="3"]').click()
+        page.click('[data-action="submit"]')
+        wait_for_task(page, 2)
+        assert page.locator("#guidelines").get_attribute("open") is not None  # left open
+        page.close()
+
+        desk = browser.new_page(viewport={"width": 1100, "height": 820})
+        desk.goto(url)
+        desk.fill("#name", "lee")
+        desk.keyboard.press("Enter")
+        desk.click("header >> text=Guidelines")
+        desk.wait_for_selector("#guidelines-page")
+        link = desk.locator("#guidelines-page a[href^='https:']")
+        assert link.get_attribute("rel") == "noopener noreferrer"
+        desk.screenshot(path=shots / "labelling-guidelines.png", full_page=True)
+        desk.close()

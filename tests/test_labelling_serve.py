@@ -11,7 +11,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
@@ -24,9 +24,11 @@ from rlhfkit.labelling.store import Store
 
 
 @contextmanager
-def live_server(db, *args):
-    """`rlhfkit label serve` on a free port of 127.0.0.1: yields (url, process, output lines)."""
-    cmd = [sys.executable, "-m", "rlhfkit.cli", "label", "serve", "--db", str(db), "--port", "0"]
+def live_server(db, *args, port=0):
+    """`rlhfkit label serve` on `port` (0: a free one) of 127.0.0.1: yields (url, process,
+    output lines)."""
+    cmd = [sys.executable, "-m", "rlhfkit.cli", "label", "serve", "--db", str(db)]
+    cmd += ["--port", str(port)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
         [*cmd, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
@@ -101,12 +103,17 @@ def test_serving_imports_no_ml_library(tmp_path):
     """`rlhfkit label serve` parses its options, opens the database and builds the app without
     torch, pandas, pyarrow or transformers: it starts at once and stays small."""
     db = make_db(tmp_path / "l.db", 3)
+    guidelines = tmp_path / "guidelines.md"
+    guidelines.write_text("# Judge *honesty* first\n")
+    args = ["--db", str(db), "--guidelines", str(guidelines), "--quota", "2"]
     script = (
         "import sys\n"
         "from rlhfkit.cli import parse_command\n"
         "from rlhfkit.labelling.app import create_app\n"
-        f"_, config = parse_command('label serve', ['--db', {str(db)!r}])\n"
-        "create_app(config.db, admin_token='x', hosts=config.hosts)\n"
+        "from rlhfkit.labelling.guidelines import read_guidelines\n"
+        f"_, config = parse_command('label serve', {args!r})\n"
+        "create_app(config.db, admin_token='x', hosts=config.hosts, quota=config.quota,\n"
+        "           guidelines=read_guidelines(config.guidelines))\n"
         f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
@@ -116,12 +123,17 @@ def test_serving_imports_no_ml_library(tmp_path):
 
 def test_the_running_server_is_small_and_prints_an_admin_token(tmp_path):
     db = make_db(tmp_path / "l.db", 3)
-    with live_server(db) as (url, process, lines):
+    guidelines = tmp_path / "guidelines.md"
+    guidelines.write_text("# Judge *honesty* first\n")
+    with live_server(db, "--guidelines", str(guidelines), "--quota", "2") as (url, process, lines):
         maps = Path(f"/proc/{process.pid}/maps").read_text()
         status = Path(f"/proc/{process.pid}/status").read_text()
         (token,) = re.findall(r"admin token \(.*\): (\S+)", "".join(lines))
         admin = api(url, token=token)
         assert admin.get("/api/progress").json()["tasks"] == 3
+        assert admin.get("/api/progress").json()["quota"] == 2
+        assert "quota: at most 2 tasks judged per labeller" in "".join(lines)
+        assert "<h1>Judge <em>honesty</em> first</h1>" in admin.get("/guidelines").text
         assert httpx.get(f"{url}progress", follow_redirects=False).status_code == 303
     assert "libtorch" not in maps and "arrow" not in maps
     rss_kb = int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
@@ -215,4 +227,80 @@ def test_load_8_clients_200_votes_each(tmp_path):
     print(
         f"\nload: {clients} clients x {votes_each} votes = {len(votes)} votes "
         f"({requests} requests) in {seconds:.1f} s: {len(votes) / seconds:.0f} votes/s"
+    )
+
+
+@pytest.mark.slow
+def test_8_clients_200_votes_each_through_two_kills(tmp_path):
+    """The load test with the server killed (SIGKILL) twice mid-burst and restarted on its
+    port: each client sends every vote until the server answers (the same id again after a
+    lost answer), and every acknowledged vote is in the database exactly once."""
+    clients, votes_each = 8, 200
+    total = clients * votes_each
+    db = make_db(tmp_path / "load.db", votes_each)
+    args = ("--labels_per_task", str(clients))
+    acknowledged: list[list[str]] = [[] for _ in range(clients)]
+    retried = Counter()  # answers lost to a kill, then: 201 stored now, 200 stored before
+
+    def until_answered(send):
+        while True:
+            try:
+                return send()
+            except httpx.TransportError:  # killed, or not back yet: the same request again
+                time.sleep(0.05)
+
+    def labeller(index: int, url: str) -> None:
+        client = until_answered(lambda: api(url, name=f"client{index}"))
+        while len(acknowledged[index]) < votes_each:
+            task = until_answered(lambda: client.get("/api/next")).json()["task"]
+            body = {"id": str(uuid.uuid4()), "task": task["id"], "choice": "rank"}
+            body["order"] = [0, 1]
+            tries = 0
+
+            def post(body=body):
+                nonlocal tries
+                tries += 1
+                return client.post("/api/votes", json=body)
+
+            response = until_answered(post)
+            assert response.status_code in (200, 201), response.text
+            if tries > 1:
+                retried[response.status_code] += 1
+            acknowledged[index].append(body["id"])
+
+    def done() -> int:
+        return sum(map(len, acknowledged))
+
+    kills_at = []
+    with ExitStack() as servers:
+        url, process, _ = servers.enter_context(live_server(db, *args))
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        start = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            futures = [pool.submit(labeller, i, url) for i in range(clients)]
+            for share in (1 / 3, 2 / 3):
+                deadline = time.monotonic() + 300
+                while done() < share * total:
+                    assert time.monotonic() < deadline and not any(f.done() for f in futures)
+                    time.sleep(0.005)
+                process.kill()  # SIGKILL, mid-burst: no shutdown, no checkpoint
+                process.wait()
+                kills_at.append(done())
+                restarted = servers.enter_context(live_server(db, *args, port=port))
+                assert restarted[0] == url
+                process = restarted[1]
+            for future in futures:
+                future.result()
+        seconds = time.perf_counter() - start
+    ids = [vote_id for sent in acknowledged for vote_id in sent]
+    votes = Store(db).votes()
+    assert len(ids) == len(set(ids)) == total and all(0 < n < total for n in kills_at)
+    assert sorted(v.id for v in votes) == sorted(ids)  # each acknowledged vote, once
+    assert len({(v.task_id, v.labeller) for v in votes}) == len(votes) == total
+    assert Counter(v.task_id for v in votes) == dict.fromkeys(range(1, votes_each + 1), clients)
+    print(
+        f"\nload with two kills: {clients} clients x {votes_each} votes = {len(votes)} votes "
+        f"stored once each; killed after {kills_at[0]} and {kills_at[1]} acknowledged; "
+        f"{sum(retried.values())} answers lost to a kill ({retried[200]} stored before it, "
+        f"{retried[201]} after); {seconds:.1f} s in all"
     )

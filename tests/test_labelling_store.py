@@ -278,6 +278,27 @@ def test_progress_counts(store):
     assert store.labeller_progress("bob", 2) == {"votes": 2, "left": 0}
 
 
+def test_a_quota_ends_a_labellers_tasks_and_skips_do_not_count(store):
+    store.add_tasks([PAIR, ("Second", ["x", "y"]), ("Third", ["p", "q"]), ("Fourth", ["r", "s"])])
+    shown_and_vote(store, "ann", [0, 1])
+    skipped = shown_and_vote(store, "ann", choice="skip").vote
+    assert store.labeller_progress("ann", 1, quota=2) == {
+        "votes": 2,
+        "left": 1,
+        "quota": 2,
+        "judged": 1,
+    }
+    shown_and_vote(store, "ann", choice="bad")  # a judgment, as a tie is
+    assert store.next_task("ann", 1, quota=2) is None
+    assert store.labeller_progress("ann", 1, quota=2)["left"] == 0
+    assert store.next_task("ann", 1) is not None  # no quota: the fourth task
+    assert store.next_task("bob", 1, quota=2).task.id == skipped.task_id  # others go on
+    # A vote taken back is judged no more: its task comes again within the quota.
+    store.record_vote("ann", new_id(), 4, "skip")
+    reopened = store.reopen_last("ann")
+    assert store.next_task("ann", 1, quota=2).task.id == reopened.task_id
+
+
 def test_a_disabled_labeller_is_signed_out_and_their_open_task_goes_back(store):
     store.add_tasks([PAIR])
     secret, _ = store.sign_in(name="eve")
@@ -494,6 +515,65 @@ def test_flags_and_ratings_given_with_ties_and_skips_reach_the_export_and_its_su
     }
 
 
+@pytest.mark.parametrize("fmt, name", [("parquet", "prefs.parquet"), ("dataset", "prefs")])
+def test_export_as_parquet_and_a_dataset_folder_holds_what_jsonl_does(tmp_path, store, fmt, name):
+    """The same records, flags, ratings, ties, "all bad" and skips a column each, read by
+    `load_records` (what `rlhfkit rm` and `rlhfkit dpo` load) as the JSON Lines are."""
+    store.add_tasks([PAIR, ("Count.", ["one", "two", "three"]), ("Third", ["p", "q"])])
+    shown_and_vote(store, "ann", [1, 0], labels_per_task=2, rating=6, flag="nonsense")
+    shown_and_vote(store, "bob", choice="tie", labels_per_task=2, rating=4, flag="harmful")
+    shown_and_vote(store, "ann", [2, 0, 1], labels_per_task=2)
+    shown_and_vote(store, "bob", choice="bad", labels_per_task=2, rating=1)
+    shown_and_vote(store, "ann", choice="skip", labels_per_task=2, flag="private information")
+    db = str(store.path)
+    jsonl = run_export(ExportConfig(db=db, out=str(tmp_path / "prefs.jsonl")))
+    out = run_export(ExportConfig(db=db, out=str(tmp_path / name), format=fmt))
+    assert out == tmp_path / name and (out.is_file() if fmt == "parquet" else out.is_dir())
+    assert summary_path(out) == tmp_path / "prefs.summary.json"
+    assert (
+        load_records(out, "comparisons")
+        == load_records(jsonl, "comparisons")
+        == [
+            Comparison("Say hi.", "Hello there.", "Hi!"),
+            Ranking("Count.", ["one", "two", "three"], [2, 0, 1]),
+        ]
+    )
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(out).to_pylist()
+    else:
+        import datasets
+
+        rows = datasets.load_from_disk(str(out)).to_list()
+    expected = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    absent = {"chosen": None, "rejected": None, "responses": None, "ranking": None}
+    assert rows == [{**absent, **row} for row in expected]
+    tie, bad = rows[0]["ties"][0], rows[1]["bad"][0]
+    assert (tie["labeller"], tie["rating"], tie["flag"]) == ("bob", 4, "harmful")
+    assert (bad["labeller"], bad["rating"], rows[0]["ratings"]) == ("bob", 1, [6])
+    run_export(ExportConfig(db=db, out=str(out), format=fmt))  # again: replaced whole
+    assert load_records(out, "comparisons") == load_records(jsonl, "comparisons")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["labels.db", "labels.db-shm", "labels.db-wal", "prefs.jsonl", name]
+        + ["prefs.summary.json"]
+    )
+
+
+def test_a_table_needs_prompts_of_one_kind(tmp_path, store):
+    from rlhfkit.errors import UsageError
+
+    store.add_tasks([PAIR, RANK])
+    shown_and_vote(store, "ann", [1, 0])
+    shown_and_vote(store, "ann", [3, 2, 1, 0])
+    out = str(tmp_path / "prefs.parquet")
+    with pytest.raises(UsageError, match="export them as JSON Lines"):
+        run_export(ExportConfig(db=str(store.path), out=out, format="parquet"))
+    store.reopen_last("ann")  # the chat prompt's vote: strings only
+    run_export(ExportConfig(db=str(store.path), out=out, format="parquet"))
+    assert load_records(out, "comparisons") == [Comparison("Say hi.", "Hello there.", "Hi!")]
+
+
 def test_export_by_majority_writes_one_record_per_task(store):
     store.add_tasks([PAIR, ("Second", ["x", "y"])])
     for name, order in [("ann", [1, 0]), ("bob", [1, 0]), ("cat", [0, 1])]:
@@ -517,3 +597,10 @@ def test_export_config_checks_its_fields():
         ExportConfig(aggregate="mean")
     with pytest.raises(ConfigError, match="ExportConfig.out = 'x.csv'"):
         ExportConfig(out="x.csv")
+    with pytest.raises(ConfigError, match=r"expected a .parquet file path \(format 'parquet'\)"):
+        ExportConfig(out="x.jsonl", format="parquet")
+    with pytest.raises(ConfigError, match="expected a folder path"):
+        ExportConfig(out="x.parquet", format="dataset")
+    with pytest.raises(ConfigError, match="ExportConfig.format = 'csv' is not allowed"):
+        ExportConfig(format="csv")
+    assert ExportConfig(out="runs/prefs", format="dataset").format == "dataset"

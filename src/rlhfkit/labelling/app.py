@@ -1,7 +1,8 @@
 """The labelling web app (Starlette, Jinja2 templates with autoescape): pages and a JSON API.
 
 Pages, rendered on the server: `/login`, `/` (the next task, or "nothing left"), `/progress`
-(by role, below); their forms POST to `/login`, `/logout`, `/reopen` ("Change my last vote")
+(by role, below), `/guidelines` (when `serve` was given some; the task page shows them too,
+folded); their forms POST to `/login`, `/logout`, `/reopen` ("Change my last vote")
 and `/progress/labellers` (the admin's Disable and Enable).
 The page's script (`static/label.js`) adds the keyboard, the ranking by clicks, and sends the
 vote to the API with the UUID it made when the page was shown, retrying on a lost connection
@@ -51,6 +52,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from jinja2 import Environment, PackageLoader
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -139,12 +141,20 @@ class LabellingApp:
     """The routes of the app over one `Store`; `create_app` wraps it in Starlette."""
 
     def __init__(
-        self, store: Store, labels_per_task: int, require_token: bool, admin_token: str | None
+        self,
+        store: Store,
+        labels_per_task: int,
+        require_token: bool,
+        admin_token: str | None,
+        quota: int | None = None,
+        guidelines: Markup | None = None,
     ):
         self.store = store
         self.labels_per_task = labels_per_task
         self.require_token = require_token
         self.admin_token = admin_token
+        self.quota = quota
+        self.guidelines = guidelines
         self.cookie = cookie_name(store.path)
         self._admin_sessions: set[str] = set()  # digests of the admin's session secrets
         environment = Environment(
@@ -166,12 +176,18 @@ class LabellingApp:
         return bool(secret) and _digest(secret) in self._admin_sessions
 
     async def _progress(self, labeller: str) -> dict[str, int]:
-        return await self._call(self.store.labeller_progress, labeller, self.labels_per_task)
+        return await self._call(
+            self.store.labeller_progress, labeller, self.labels_per_task, self.quota
+        )
+
+    async def _next(self, labeller: str) -> Shown | None:
+        return await self._call(self.store.next_task, labeller, self.labels_per_task, self.quota)
 
     def _page(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
         context.setdefault("labeller", None)
         context.setdefault("admin", False)
         context["require_token"] = self.require_token
+        context["guidelines"] = self.guidelines
         return self.templates.TemplateResponse(request, template, context, status_code=status)
 
     async def _sign_in(self, name: str | None, token: str | None) -> tuple[str, str | None]:
@@ -204,6 +220,7 @@ class LabellingApp:
         return {
             **counts,
             "labels_per_task": self.labels_per_task,
+            "quota": self.quota,
             "labellers": {visible(name): c for name, c in labellers.items()},
             "agreement": agreement(votes).as_dict(),
         }
@@ -220,12 +237,25 @@ class LabellingApp:
         labeller = await self._labeller(request)
         if labeller is None:
             return RedirectResponse("/login", status_code=303)
-        shown = await self._call(self.store.next_task, labeller, self.labels_per_task)
+        shown = await self._next(labeller)
         progress = await self._progress(labeller)
         if shown is None:
             return self._page(request, "done.html", labeller=labeller, progress=progress)
         return self._page(
             request, "label.html", labeller=labeller, progress=progress, task=task_view(shown)
+        )
+
+    async def guidelines_page(self, request: Request) -> Response:
+        """The guidelines on a page of their own, for the signed in (404 when there are none)."""
+        admin = self._is_admin(request)
+        labeller = None if admin else await self._labeller(request)
+        if not admin and labeller is None:
+            return RedirectResponse("/login", status_code=303)
+        if self.guidelines is None:
+            return _error("this server was started without guidelines", 404)
+        progress = await self._progress(labeller) if labeller is not None else None
+        return self._page(
+            request, "guidelines.html", labeller=labeller, admin=admin, progress=progress
         )
 
     async def login_page(self, request: Request) -> Response:
@@ -294,7 +324,7 @@ class LabellingApp:
         labeller = await self._labeller(request)
         if labeller is None:
             return _error("not signed in", 401)
-        shown = await self._call(self.store.next_task, labeller, self.labels_per_task)
+        shown = await self._next(labeller)
         return JSONResponse(
             {
                 "task": task_view(shown, visible) if shown is not None else None,
@@ -443,6 +473,8 @@ def create_app(
     require_token: bool = False,
     admin_token: str | None = None,
     hosts: Iterable[str] = (),
+    quota: int | None = None,
+    guidelines: Markup | None = None,
 ) -> Starlette:
     """The labelling app over the database `db` (made by `rlhfkit label prepare`).
 
@@ -450,11 +482,15 @@ def create_app(
     out. `require_token`: sign-in only with a token the operator issued (`Store.issue_token`),
     not with a bare name; what a server reachable beyond this machine needs. `admin_token`:
     the token that signs in as the admin (None: no admin). `hosts`: the host names the
-    server answers to besides IP addresses and localhost.
+    server answers to besides IP addresses and localhost. `quota`: the most tasks a labeller
+    judges (skips not counted; None: no limit). `guidelines`: shown with every task and at
+    `/guidelines`, HTML already made safe (`guidelines.read_guidelines`).
     """
     if labels_per_task < 1:
         raise ValueError(f"labels_per_task={labels_per_task}: expected an integer >= 1")
-    routes = LabellingApp(Store(db), labels_per_task, require_token, admin_token)
+    if quota is not None and quota < 1:
+        raise ValueError(f"quota={quota}: expected None or an integer >= 1")
+    routes = LabellingApp(Store(db), labels_per_task, require_token, admin_token, quota, guidelines)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -469,6 +505,7 @@ def create_app(
             Route("/logout", routes.logout, methods=["POST"]),
             Route("/reopen", routes.reopen_form, methods=["POST"]),
             Route("/progress", routes.progress_page),
+            Route("/guidelines", routes.guidelines_page),
             Route("/progress/labellers", routes.disable_form, methods=["POST"]),
             Route("/api/login", routes.api_login, methods=["POST"]),
             Route("/api/next", routes.api_next),

@@ -16,6 +16,12 @@ vote ("all") and one record per task ordered by the pairwise majority of its vot
 ("majority", see `ExportConfig.aggregate`). The summary (these counts and the agreement
 between labellers, `agreement.py`) is written beside the file, `preferences.jsonl` giving
 `preferences.summary.json` (`summary_path`), as `rlhfkit bon` writes its own.
+
+The records are written as JSON Lines (`format="jsonl"`), as a Parquet file ("parquet") or as
+a `datasets.Dataset.save_to_disk` folder ("dataset"), the three forms `load_records` reads.
+A table has one type per column (`table_schema`): a comparison's row has null `responses`
+and `ranking`, a ranking's null `chosen` and `rejected` (the loaders read null as absent);
+the prompts must all be strings or all chat messages, which JSON Lines alone can mix.
 """
 
 from __future__ import annotations
@@ -23,32 +29,45 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rlhfkit.config import _check_literals, require
+from rlhfkit.errors import UsageError
 from rlhfkit.labelling.agreement import agreement
 from rlhfkit.labelling.store import CHOICES, Store, Task, Vote
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 logger = logging.getLogger(__name__)
 
 # The choices that prefer no response, and the column of a record that lists such votes.
 NO_PREFERENCE = {"tie": "ties", "bad": "bad", "skip": "skips"}
+# The file (or folder) name each format writes, as `ExportConfig.out` must end.
+SUFFIXES = {"jsonl": ".jsonl", "parquet": ".parquet", "dataset": ""}
 
 
 @dataclass
 class ExportConfig:
-    """Write the votes of a labelling database as comparisons and rankings (JSONL) for
-    `rlhfkit rm` and `rlhfkit dpo`."""
+    """Write the votes of a labelling database as comparisons and rankings (JSONL, Parquet or
+    a `datasets` folder) for `rlhfkit rm` and `rlhfkit dpo`."""
 
     db: str = "runs/label/labels.db"
     """The labelling database (from `rlhfkit label prepare`)."""
     out: str = "runs/label/preferences.jsonl"
-    """Where the records are written; the counts, the flags and ratings and the agreement go
-    beside it, `.jsonl` replaced by `.summary.json` (runs/label/preferences.summary.json)."""
+    """Where the records are written: a .jsonl file, a .parquet file or a folder, as `format`
+    says. The counts, the flags and ratings and the agreement go beside it, `.jsonl` or
+    `.parquet` replaced by (a folder's name followed by) `.summary.json`
+    (runs/label/preferences.summary.json)."""
+    format: Literal["jsonl", "parquet", "dataset"] = "jsonl"
+    """'jsonl' (JSON Lines), 'parquet' (one Parquet file) or 'dataset' (a folder written by
+    `datasets.Dataset.save_to_disk`, which `datasets.load_from_disk` reads). Each is what
+    `rlhfkit rm` and `rlhfkit dpo` read as `train_data`."""
     aggregate: Literal["all", "majority"] = "all"
     """Several labellers' votes on one task: 'all' writes every vote as its own record (the
     same prompt then appears once per labeller); 'majority' writes one record per task,
@@ -60,7 +79,17 @@ class ExportConfig:
     def __post_init__(self) -> None:
         _check_literals(self)
         require(self, "db", bool(self.db), "a database file")
-        require(self, "out", str(self.out).endswith(".jsonl"), "a .jsonl file path")
+        suffix = Path(self.out).suffix
+        require(
+            self,
+            "out",
+            suffix == SUFFIXES[self.format]
+            if self.format != "dataset"
+            else bool(self.out) and suffix not in (".jsonl", ".parquet"),
+            f"a {SUFFIXES[self.format]} file path (format {self.format!r})"
+            if self.format != "dataset"
+            else "a folder path (format 'dataset'; not a .jsonl or .parquet file)",
+        )
 
 
 def _said(vote: Vote) -> dict[str, Any]:
@@ -181,8 +210,12 @@ def _by_choice(votes: list[Vote], field: str) -> dict[str, dict[str, int]]:
 
 
 def summary_path(out: str | Path) -> Path:
-    """Where `run_export` writes the summary of the records written to `out`."""
-    return Path(out).with_suffix(".summary.json")
+    """Where `run_export` writes the summary of the records written to `out`: beside it,
+    `.jsonl` or `.parquet` replaced by `.summary.json`, or after a folder's name."""
+    out = Path(out)
+    if out.suffix in (".jsonl", ".parquet"):
+        return out.with_suffix(".summary.json")
+    return out.with_name(out.name + ".summary.json")
 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
@@ -196,6 +229,85 @@ def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
     partial.replace(path)
 
 
+def table_schema(records: list[dict[str, Any]]) -> pa.Schema:
+    """One Arrow type per column of `records`, the columns in the order a record has them;
+    the columns no record has (`responses` and `ranking` in an export of pairs) left out."""
+    import pyarrow as pa
+
+    said = pa.list_(  # a tie, "all bad" or skip: who, which vote, what they said (`_said`)
+        pa.struct(
+            [
+                ("labeller", pa.string()),
+                ("vote_id", pa.string()),
+                ("rating", pa.int64()),
+                ("flag", pa.string()),
+            ]
+        )
+    )
+    messages = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    chat = [isinstance(r["prompt"], list) for r in records]
+    if any(chat) and not all(chat):
+        raise UsageError(
+            "the tasks' prompts are strings and chat messages, which one column of a table "
+            "cannot hold both of: export them as JSON Lines (--format jsonl)"
+        )
+    types = {
+        "prompt": messages if chat and chat[0] else pa.string(),
+        "chosen": pa.string(),
+        "rejected": pa.string(),
+        "responses": pa.list_(pa.string()),
+        "ranking": pa.list_(pa.int64()),
+        "task_id": pa.int64(),
+        "labellers": pa.list_(pa.string()),
+        "vote_ids": pa.list_(pa.string()),
+        "ratings": pa.list_(pa.int64()),
+        "flags": pa.list_(pa.string()),
+        **dict.fromkeys(NO_PREFERENCE.values(), said),
+    }
+    present = {key for r in records for key in r} if records else set(types)
+    return pa.schema([(name, kind) for name, kind in types.items() if name in present])
+
+
+def _table(records: list[dict[str, Any]]) -> pa.Table:
+    import pyarrow as pa
+
+    schema = table_schema(records)
+    rows = [{name: r.get(name) for name in schema.names} for r in records]
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def write_parquet(records: list[dict[str, Any]], path: Path) -> None:
+    """Write `records` to the Parquet file `path` atomically."""
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    pq.write_table(_table(records), partial)
+    partial.replace(path)
+
+
+def write_dataset(records: list[dict[str, Any]], path: Path) -> None:
+    """Write `records` as a `datasets.Dataset.save_to_disk` folder at `path`, replacing
+    what is there only once the new folder is whole."""
+    import datasets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    datasets.Dataset(_table(records)).save_to_disk(str(partial))
+    if path.exists():
+        old = path.with_name(path.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        path.replace(old)
+        partial.replace(path)
+        shutil.rmtree(old)
+    else:
+        partial.replace(path)
+
+
+WRITERS = {"jsonl": write_jsonl, "parquet": write_parquet, "dataset": write_dataset}
+
+
 def run_export(config: ExportConfig) -> Path:
     """The `rlhfkit label export` command: records to `config.out`, a summary beside it."""
     store = Store(config.db)
@@ -204,7 +316,7 @@ def run_export(config: ExportConfig) -> Path:
     finally:
         store.close()
     out = Path(config.out)
-    write_jsonl(records, out)
+    WRITERS[config.format](records, out)
     summary_file = summary_path(out)
     summary_file.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     left_out = ", ".join(f"{n} {why}" for why, n in summary["left_out"].items())

@@ -6,6 +6,8 @@ name in `labellers` gets one the first time it is listed, printed once, and only
 in. The socket is bound before the URL is printed, so `--port 0` (a free port) prints the
 port the server really has. Each start also prints a new admin token: signed in with it, the
 organiser sees everyone's progress and the agreement, and can disable a labeller.
+`--guidelines FILE.md` shows the organiser's guidelines with every task (`guidelines.py`
+renders them, once, at start); `--quota N` gives each labeller at most N tasks to judge.
 
 Serving a SQLite file needs no ML library: this module, the app and the store import neither
 torch nor pandas, pyarrow or transformers, and `rlhfkit label serve` parses its options
@@ -24,8 +26,10 @@ import logging
 import secrets
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlhfkit.errors import UsageError
+from rlhfkit.labelling.guidelines import read_guidelines
 from rlhfkit.labelling.store import MAX_NAME, LoginError, Store, check_name
 
 logger = logging.getLogger(__name__)
@@ -80,11 +84,26 @@ class ServeConfig:
     0.0.0.0, this machine's name: a reverse proxy's name, say. Any other name is refused, so
     that a web page cannot re-point its own name at this server (DNS rebinding)."""
 
+    quota: int | None = None
+    """The most tasks a labeller is given to judge (ties and "all bad" count, skips not);
+    None: no limit. The admin's progress page shows each labeller's count against it."""
+    guidelines: str | None = None
+    """A Markdown file of guidelines for the labellers, shown (folded) above every task and on
+    a page of its own, `/guidelines`. Rendered safely: raw HTML is shown as text and only
+    http(s) links are links."""
+
     def __post_init__(self) -> None:
         require(self, "db", bool(self.db), "a database file")
         require(self, "host", bool(addresses(self.host)), "an address or a host name")
         require(self, "port", 0 <= self.port <= 65535, "a TCP port in 0..65535 (0 = any free)")
         require(self, "labels_per_task", self.labels_per_task >= 1, "an integer >= 1")
+        require(self, "quota", self.quota is None or self.quota >= 1, "None or an integer >= 1")
+        require(
+            self,
+            "guidelines",
+            self.guidelines is None or Path(self.guidelines).is_file(),
+            "None or a Markdown file",
+        )
         require(
             self,
             "labellers",
@@ -158,6 +177,7 @@ def run_serve(config: ServeConfig) -> None:
         tasks = len(store.tasks())
     finally:
         store.close()
+    guidelines = read_guidelines(config.guidelines) if config.guidelines else None
     admin_token = secrets.token_urlsafe(16)
     app = create_app(
         config.db,
@@ -165,10 +185,14 @@ def run_serve(config: ServeConfig) -> None:
         require_token=not config.local,
         admin_token=admin_token,
         hosts=config.hosts,
+        quota=config.quota,
+        guidelines=guidelines,
     )
     sock = listening_socket(config.host, config.port)
     url = _url(sock, config.host)
     logger.info("%d task%s in %s", tasks, "s" * (tasks != 1), config.db)
+    if config.quota is not None:
+        logger.info("quota: at most %d tasks judged per labeller", config.quota)
     for name, token in tokens.items():
         shown = token if token is not None else "(has a token already; --new_tokens replaces it)"
         logger.info("token of %s: %s", name, shown)

@@ -22,6 +22,9 @@ longer counts as being worked on. When every open task is taken, the labeller st
 for each labeller, as InstructGPT's labelling interface did, and remembered: votes are stored
 as response indices, whatever order the labeller saw.
 
+With a quota (`serve --quota N`), a labeller is given no new task once they have judged N
+(their skips not counted: a skip says they cannot judge, and the task goes to someone else).
+
 A labeller the organiser disables (`set_disabled`) is signed out and cannot sign in again; the
 tasks they were shown and had not answered go back to the others at once. Their votes stay.
 
@@ -420,8 +423,11 @@ class Store:
                 )
 
     # ------------------------------------------------------------------------- next task
-    def next_task(self, labeller: str, labels_per_task: int) -> Shown | None:
-        """The task `labeller` should label now (see the module docstring), or None."""
+    def next_task(
+        self, labeller: str, labels_per_task: int, quota: int | None = None
+    ) -> Shown | None:
+        """The task `labeller` should label now (see the module docstring), or None. With a
+        `quota`, no new task once they have judged that many (skips not counted)."""
         with self._transaction() as db:
             row = db.execute(
                 "SELECT t.id, t.prompt, t.responses, s.display FROM shown s "
@@ -433,6 +439,8 @@ class Store:
             ).fetchone()
             if row is not None:
                 return Shown(_task(row), json.loads(row["display"]))
+            if quota is not None and _judged(db, labeller) >= quota:
+                return None
             row = db.execute(
                 _PICK, {"me": labeller, "needed": labels_per_task, "since": _lease_start()}
             ).fetchone()
@@ -518,14 +526,21 @@ class Store:
         return [_vote(row) for row in rows]
 
     # --------------------------------------------------------------------------- progress
-    def labeller_progress(self, labeller: str, labels_per_task: int) -> dict[str, int]:
-        """`labeller`'s votes, and how many tasks they could still be given."""
+    def labeller_progress(
+        self, labeller: str, labels_per_task: int, quota: int | None = None
+    ) -> dict[str, int]:
+        """`labeller`'s votes, and how many tasks they could still be given (within their
+        `quota` of judged tasks, if one is set; the progress then holds it, and `judged`)."""
         with self._transaction("DEFERRED") as db:
             votes = db.execute(
                 "SELECT count(*) FROM votes WHERE labeller = ?", (labeller,)
             ).fetchone()[0]
             left = db.execute(_LEFT, {"me": labeller, "needed": labels_per_task}).fetchone()[0]
-        return {"votes": votes, "left": left}
+            if quota is None:
+                return {"votes": votes, "left": left}
+            judged = _judged(db, labeller)
+        left = min(left, max(quota - judged, 0))
+        return {"votes": votes, "left": left, "quota": quota, "judged": judged}
 
     def choices_of(self, labeller: str) -> dict[str, int]:
         """How many of `labeller`'s votes are preferences, ties and skips."""
@@ -596,6 +611,13 @@ _VOTES = (
     "FROM votes v JOIN tasks t ON t.id = v.task_id"
 )
 _VOTE_BY_ID = _VOTES + " WHERE v.id = ?"
+
+
+def _judged(db: sqlite3.Connection, labeller: str) -> int:
+    """The tasks `labeller` judged: their votes but the skips (what a quota counts)."""
+    return db.execute(
+        "SELECT count(*) FROM votes WHERE labeller = ? AND choice != 'skip'", (labeller,)
+    ).fetchone()[0]
 
 
 def _lease_start() -> float:

@@ -1,4 +1,5 @@
-// The labelling page: keyboard and mouse, the ranking of K > 2 responses, and a vote sent once.
+// The labelling page: keyboard and mouse, the ranking of K > 2 responses (by clicks, keys or
+// drag and drop), and a vote sent once.
 //
 // The vote's id is a UUID made when the page is shown; every retry of the submission sends the
 // same id, so a vote the server stored before the connection dropped is not counted twice.
@@ -14,7 +15,8 @@
   const voteId = newVoteId();
   const status = document.getElementById("status");
   const buttons = Array.from(task.querySelectorAll(".actions button"));
-  const cards = Array.from(task.querySelectorAll(".rankable"));
+  const cards = Array.from(task.querySelectorAll(".rankable")); // by display slot
+  const list = task.querySelector(".ranking");
   const orderText = document.getElementById("order");
   const submitButton = task.querySelector('[data-action="submit"]');
   const MAX_ATTEMPTS = 6;
@@ -108,8 +110,21 @@
   };
 
   // ------------------------------------------------------------------------------ K > 2
+  // The cards stand in the list as the ranking so far: the placed ones first, best first,
+  // then the others in their display order. However a card is placed (click, key, drag), the
+  // list is rearranged at once, so what the labeller sees is the order they will submit.
+  function arrange() {
+    const wanted = [...order.map((slot) => cards[slot]), ...cards.filter((_, slot) => !order.includes(slot))];
+    const now = Array.from(list.children);
+    if (wanted.every((card, i) => now[i] === card)) return;
+    const focused = document.activeElement; // moving a node takes the focus away from it
+    for (const card of wanted) list.appendChild(card);
+    if (cards.includes(focused)) focused.focus();
+  }
+
   function showOrder() {
     if (!cards.length) return;
+    arrange();
     for (const card of cards) {
       const place = order.indexOf(Number(card.dataset.slot));
       card.classList.toggle("placed", place >= 0);
@@ -145,9 +160,69 @@
   }
 
   function moveFocus(step) {
-    const now = cards.indexOf(document.activeElement);
-    const next = now < 0 ? (step > 0 ? 0 : cards.length - 1) : (now + step + cards.length) % cards.length;
-    cards[next].focus();
+    const shown = Array.from(list.children); // the cards as they stand, not by slot
+    const now = shown.indexOf(document.activeElement);
+    const next = now < 0 ? (step > 0 ? 0 : shown.length - 1) : (now + step + shown.length) % shown.length;
+    shown[next].focus();
+  }
+
+  // Drag and drop, with pointer events (a mouse, a pen, or a finger on the grip; elsewhere a
+  // finger scrolls the page). While dragged, the card takes the place of the card it passes
+  // the middle of; dropped, it is placed after the placed cards above it (first if there is
+  // none), and the list is arranged again. A press that does not move is a click.
+  const DRAG_START_PX = 8;
+  let drag = null; // { card, pointer, x, y, moving }
+  let suppressClick = false; // the click that ends a drag is no click on the card
+
+  function startDrag(card, event) {
+    if (sending || event.button !== 0) return;
+    drag = { card, pointer: event.pointerId, x: event.clientX, y: event.clientY, moving: false };
+  }
+
+  function dragOver(event) {
+    if (!drag || event.pointerId !== drag.pointer) return;
+    if (!drag.moving) {
+      if (Math.hypot(event.clientX - drag.x, event.clientY - drag.y) < DRAG_START_PX) return;
+      drag.moving = true;
+      drag.card.classList.add("dragging");
+      list.classList.add("dragging");
+      window.getSelection().removeAllRanges();
+    }
+    event.preventDefault();
+    const shown = Array.from(list.children);
+    const from = shown.indexOf(drag.card);
+    for (const [at, other] of shown.entries()) {
+      if (other === drag.card) continue;
+      const box = other.getBoundingClientRect();
+      if (event.clientY < box.top || event.clientY > box.bottom) continue;
+      // The middle, give or take a pixel or two (mouse positions are whole pixels).
+      const middle = box.top + box.height / 2;
+      if (from < at && event.clientY >= middle - 2) list.insertBefore(drag.card, other.nextSibling);
+      else if (from > at && event.clientY <= middle + 2) list.insertBefore(drag.card, other);
+      break;
+    }
+  }
+
+  function endDrag(event, dropped) {
+    if (!drag || event.pointerId !== drag.pointer) return;
+    const { card, moving } = drag;
+    drag = null;
+    if (!moving) return;
+    card.classList.remove("dragging");
+    list.classList.remove("dragging");
+    suppressClick = true;
+    setTimeout(() => {
+      suppressClick = false;
+    }, 0);
+    const slot = Number(card.dataset.slot);
+    if (dropped) {
+      const shown = Array.from(list.children);
+      const above = shown.slice(0, shown.indexOf(card)).map((c) => Number(c.dataset.slot));
+      const rest = order.filter((s) => s !== slot);
+      const at = rest.filter((s) => above.includes(s)).length;
+      order = [...rest.slice(0, at), slot, ...rest.slice(at)];
+    }
+    showOrder();
   }
 
   function rankKey(key) {
@@ -177,7 +252,13 @@
     });
   }
   for (const card of cards) {
-    card.addEventListener("click", () => toggle(Number(card.dataset.slot)));
+    card.addEventListener("click", () => suppressClick || toggle(Number(card.dataset.slot)));
+    card.addEventListener("pointerdown", (event) => startDrag(card, event));
+  }
+  if (list) {
+    document.addEventListener("pointermove", dragOver);
+    document.addEventListener("pointerup", (event) => endDrag(event, true));
+    document.addEventListener("pointercancel", (event) => endDrag(event, false));
   }
 
   // The keys a focused control uses itself, which no shortcut may take: every key in a text
@@ -189,7 +270,8 @@
     }
     if (target instanceof HTMLInputElement || target instanceof HTMLTextAreaElement) return true;
     if (target instanceof HTMLSelectElement) return true;
-    if (target instanceof HTMLButtonElement || target instanceof HTMLAnchorElement) {
+    const opens = target instanceof HTMLElement && target.tagName === "SUMMARY"; // the guidelines
+    if (target instanceof HTMLButtonElement || target instanceof HTMLAnchorElement || opens) {
       return key === "Enter" || key === " ";
     }
     return false;
@@ -209,6 +291,14 @@
       action();
     }
   });
+
+  // The guidelines stay open or folded, as the labeller left them, from one task to the next.
+  const guidelines = document.getElementById("guidelines");
+  if (guidelines) {
+    const KEY = "rlhfkit-guidelines-open";
+    guidelines.open = window.localStorage.getItem(KEY) === "1";
+    guidelines.addEventListener("toggle", () => window.localStorage.setItem(KEY, guidelines.open ? "1" : "0"));
+  }
 
   showOrder();
 })();
