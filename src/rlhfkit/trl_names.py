@@ -637,7 +637,9 @@ GRPO_CONFIG: dict[str, Answer] = {
         "each sampled batch is learned from once, on-policy: nothing is off-policy to mask"
     ),
     "use_bias_correction_kl": missing(
-        "the KL term is not reweighted: its ratio is exactly 1 (one update per sampled batch)"
+        "the k3 term is not multiplied by the ratio: the loss is the same (the ratio is 1, one "
+        "update per sampled batch), but the gradient is k3's, (1 - ref/pi) grad log pi, where "
+        "TRL's default gives k1's, (log pi - log ref) grad log pi; TRL matches with false"
     ),
     "log_completions_hub_repo": missing(
         "samples go to the trackers and metrics.jsonl under --output_dir; nothing is uploaded"
