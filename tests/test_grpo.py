@@ -110,11 +110,17 @@ class _HalfGroupsUniform(TargetFraction):
 
 
 @pytest.mark.parametrize(
-    "aggregation, skip",
-    [("sequence_mean", False), ("constant", False), ("token_mean", True), ("sequence_mean", True)],
+    "aggregation, skip, weighted",
+    [
+        ("sequence_mean", False, False),
+        ("constant", False, False),
+        ("token_mean", True, False),
+        ("sequence_mean", True, False),
+        ("token_mean", False, True),
+    ],
 )
 def test_loss_aggregations_and_skipped_groups_equal_a_plain_loop(
-    aggregation, skip, tiny_tokenizer, tmp_path
+    aggregation, skip, weighted, tiny_tokenizer, tmp_path
 ):
     scorer, beta, max_new_tokens = _HalfGroupsUniform(), 0.1, 8
     prompts = tiny_prompts(tiny_tokenizer)
@@ -124,6 +130,7 @@ def test_loss_aggregations_and_skipped_groups_equal_a_plain_loop(
         beta=beta,
         loss_aggregation=aggregation,
         skip_uniform_groups=skip,
+        kl_importance_weight=weighted,
         max_new_tokens=max_new_tokens,
     )
     trainer = GRPOTrainer(
@@ -150,6 +157,9 @@ def test_loss_aggregations_and_skipped_groups_equal_a_plain_loop(
         with torch.no_grad():
             ref = reference(ids).logits[0, rows].log_softmax(-1).gather(-1, response[:, None])
         k3 = (torch.exp(ref - logp) - (ref - logp) - 1).sum()
+        if weighted:  # k3's value, the gradient of sum_t (log pi - log ref) log pi: k1's
+            k1 = (logp - ref).detach()
+            k3 = k3.detach() + (k1 * logp).sum() - (k1 * logp).sum().detach()
         terms.append(-advantages[i] * logp.sum() + beta * k3)
         values.append(-advantages[i] * lengths[i] + beta * k3.detach())
     if aggregation == "token_mean":

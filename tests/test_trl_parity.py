@@ -297,8 +297,8 @@ def grpo_loss_and_grads(models: Path, batch: dict, loss_type: str, ratio_weighte
     update per generation (old log-probs = current, detached); the loss and the gradients.
 
     With `ratio_weighted_kl` the k3 terms are first multiplied by the ratio pi / pi_old, 1 in
-    value but not in gradient: TRL's `use_bias_correction_kl` (its default), which is no
-    option of ours, written here to pin down what it does.
+    value but not in gradient: TRL's `use_bias_correction_kl` (its default), our
+    `kl_importance_weight`.
     """
     policy = AutoModelForCausalLM.from_pretrained(models / "policy").eval()  # no dropout
     reference = AutoModelForCausalLM.from_pretrained(models / "reference").eval()

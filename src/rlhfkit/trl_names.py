@@ -636,10 +636,10 @@ GRPO_CONFIG: dict[str, Answer] = {
     "off_policy_mask_threshold": missing(
         "each sampled batch is learned from once, on-policy: nothing is off-policy to mask"
     ),
-    "use_bias_correction_kl": missing(
-        "the k3 term is not multiplied by the ratio: the loss is the same (the ratio is 1, one "
-        "update per sampled batch), but the gradient is k3's, (1 - ref/pi) grad log pi, where "
-        "TRL's default gives k1's, (log pi - log ref) grad log pi; TRL matches with false"
+    "use_bias_correction_kl": ours(
+        "kl_importance_weight",
+        note="off by default here (on in TRL): the k3 term's own gradient, (1 - ref/pi) grad "
+        "log pi, rather than KL's, (log pi - log ref) grad log pi; the loss is the same",
     ),
     "log_completions_hub_repo": missing(
         "samples go to the trackers and metrics.jsonl under --output_dir; nothing is uploaded"

@@ -216,7 +216,10 @@ class GRPOTrainer(PolicyTrainer):
         metrics: dict[str, Any] = {"loss/policy": loss.detach()}
         if ref_logprobs is not None:
             if not cfg.kl_in_rewards:
-                kl = aggregate_token_loss(kl_k3(logprobs, ref_logprobs), loss_mask, **aggregation)
+                kl_terms = kl_k3(logprobs, ref_logprobs)  # (B, Tr)
+                if cfg.kl_importance_weight:  # 1 in value; the gradient becomes k1's
+                    kl_terms = kl_terms * torch.exp(logprobs - logprobs.detach())
+                kl = aggregate_token_loss(kl_terms, loss_mask, **aggregation)
                 loss = loss + cfg.beta * kl
                 metrics["loss/kl_k3"] = kl.detach()
             # Per response, summed over tokens, k1: the same number PPO logs as kl/ref.

@@ -52,6 +52,11 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
     """Responses sampled per prompt (the group size k, >= 2)."""
     beta: float = 0.04
     """Weight of the k3 KL(pi || ref) term in the loss; 0 drops it and the reference model."""
+    kl_importance_weight: bool = False
+    """Weight each token's k3 term by the ratio pi / pi_old (DeepSeek-V3.2's unbiased KL
+    estimate; TRL's use_bias_correction_kl, on there by default): the same value at one update
+    per batch, but the gradient of KL(pi || ref) itself, (log pi - log ref) grad log pi, where
+    k3's is (1 - ref / pi) grad log pi."""
     kl_in_reward: bool = False
     """Put the KL in the scores instead of the loss: each response's score less beta x its k1
     KL summed over its tokens, before the group baseline (as PPO puts it in the rewards)."""
