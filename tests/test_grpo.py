@@ -90,7 +90,7 @@ def test_loss_and_gradient_equal_a_plain_loop(padding_free, tiny_tokenizer, tmp_
         k1 += float((logp - ref).sum().detach())
     ((surrogate + beta * kl) / lengths.sum()).backward()
     expected_value = (-(advantages * lengths).sum() + beta * kl.detach()) / lengths.sum()
-    assert float(loss) == pytest.approx(float(expected_value), abs=1e-5)
+    assert loss.item() == pytest.approx(expected_value.item(), abs=1e-5)
     assert float(metrics["loss/kl_k3"]) == pytest.approx(float(kl / lengths.sum()), rel=1e-4)
     assert float(metrics["loss/kl_k3"]) > 0.01
     assert float(metrics["kl/ref"]) == pytest.approx(k1 / len(advantages), rel=1e-4)
