@@ -29,13 +29,6 @@ It needs torch, transformers and tokenizers only (rlhfkit's own venv will do), a
 3 minutes on a quiet 2-core CPU (300 pretraining steps, then 100 reward-model steps).
 """
 
-import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 import argparse
 import hashlib
 import json
@@ -46,6 +39,7 @@ import time
 from pathlib import Path
 
 import torch
+import trl_common as pc  # before transformers: it sets the offline variables
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     GPT2Config,
@@ -241,6 +235,13 @@ def rm_scores(rm, tok, texts: list[str], bs: int = 64) -> torch.Tensor:
     return torch.cat(out)
 
 
+def pair_accuracy(rm, tok, rows) -> float:
+    """Fraction of rows where prompt+chosen+EOS scores above prompt+rejected+EOS."""
+    ch = rm_scores(rm, tok, [r["prompt"] + r["chosen"] + EOS for r in rows])
+    rj = rm_scores(rm, tok, [r["prompt"] + r["rejected"] + EOS for r in rows])
+    return (ch > rj).float().mean().item()
+
+
 def fit_reward_model(rm, tok, pref, test, steps: int, batch: int, lr: float, seed: int):
     """Plain PyTorch Bradley-Terry fit (deliberately not using any RLHF library)."""
     g = torch.Generator().manual_seed(seed)
@@ -262,9 +263,7 @@ def fit_reward_model(rm, tok, pref, test, steps: int, batch: int, lr: float, see
                 f"  rm step {step:4d} loss {loss.item():.4f}  ({time.time() - t0:.0f}s)", flush=True
             )
     rm.eval()
-    ch = rm_scores(rm, tok, [r["prompt"] + r["chosen"] + EOS for r in test])
-    rj = rm_scores(rm, tok, [r["prompt"] + r["rejected"] + EOS for r in test])
-    return (ch > rj).float().mean().item()
+    return pair_accuracy(rm, tok, test)
 
 
 def sha256(path: Path) -> str:
@@ -279,9 +278,7 @@ def main():
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--out", default=str(Path(__file__).resolve().parents[2] / "runs" / "trl-assets")
-    )
+    ap.add_argument("--out", default=str(pc.REPO / "runs" / "trl-assets"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=4096)
     ap.add_argument("--n-layer", type=int, default=4)
@@ -371,9 +368,7 @@ def main():
     rm.save_pretrained(out / "reward_model_init")
     tok.save_pretrained(out / "reward_model_init")
     rm.eval()
-    ch0 = rm_scores(rm, tok, [r["prompt"] + r["chosen"] + EOS for r in test])
-    rj0 = rm_scores(rm, tok, [r["prompt"] + r["rejected"] + EOS for r in test])
-    acc0 = (ch0 > rj0).float().mean().item()
+    acc0 = pair_accuracy(rm, tok, test)
     t = time.time()
     acc = fit_reward_model(rm, tok, pref, test, args.rm_steps, batch=16, lr=1e-4, seed=args.seed)
     timings["rm_fit_s"] = time.time() - t

@@ -18,6 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
+import argparse
 import json
 import platform
 import re
@@ -55,6 +56,30 @@ def assets(path=None) -> Path:
     if not (p / "manifest.json").exists():
         sys.exit(f"assets not found in {p}: run benchmarks/trl/make_assets.py --out {p} first")
     return p
+
+
+def open_assets(args, **tokenizer_kw):
+    """The assets directory of ``--assets`` (checked), torch seeded with ``--seed``, then the
+    tokenizer (``tokenizer_kw`` go to ``from_pretrained``). Returns ``(assets_dir, tokenizer)``."""
+    from transformers import AutoTokenizer
+
+    a = assets(args.assets)
+    torch.manual_seed(args.seed)
+    return a, AutoTokenizer.from_pretrained(a / "tokenizer", **tokenizer_kw)
+
+
+def load_reward_model(path):
+    """A one-score sequence classifier (the assets' reward_model/ or reward_model_init/)."""
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+
+
+def load_prompts(a, n_eval: int) -> tuple[list[str], list[str]]:
+    """The RL prompts (prompts.jsonl) and the first ``n_eval`` held-out ones (preference_test.jsonl)."""
+    prompts = [r["prompt"] for r in load_jsonl(a / "prompts.jsonl")]
+    eval_prompts = [r["prompt"] for r in load_jsonl(a / "preference_test.jsonl")][:n_eval]
+    return prompts, eval_prompts
 
 
 def peak_rss_mib() -> float:
@@ -103,6 +128,46 @@ def emit(result: dict, json_path=None):
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(result, indent=1, default=float) + "\n")
+
+
+# ---------------------------------------------------------------- command line
+def arg_parser(doc: str) -> argparse.ArgumentParser:
+    """A bench's parser: its module docstring as the description, and ``--assets``."""
+    ap = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--assets", default=DEFAULT_ASSETS)
+    return ap
+
+
+def add_run_args(
+    ap,
+    *,
+    shuffle=False,
+    eval_prompts=False,
+    trl_defaults_help="keep TRL's bf16/grad-ckpt defaults",
+):
+    """``--seed`` (42), then ``--shuffle`` (offline benches) or ``--eval-prompts`` (64, online
+    ones), then ``--trl-defaults``."""
+    ap.add_argument("--seed", type=int, default=42)
+    if shuffle:
+        ap.add_argument(
+            "--shuffle", action="store_true", help="random batch order instead of file order"
+        )
+    if eval_prompts:
+        ap.add_argument("--eval-prompts", type=int, default=64)
+    ap.add_argument("--trl-defaults", action="store_true", help=trl_defaults_help)
+
+
+def add_output_args(ap, name):
+    """``--json FILE`` and ``--out-dir`` (the trainer's output_dir, default runs/trl-out/NAME;
+    none where ``name`` is None)."""
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--out-dir", default=None if name is None else str(OUT_ROOT / name))
+
+
+def dtype_label(args) -> str:
+    return "trl-defaults" if args.trl_defaults else "fp32"
 
 
 # ---------------------------------------------------------------- contention
@@ -212,7 +277,30 @@ def make_step_callback():
             ts = [self.t_begin] + self.step_ends
             return [b - a for a, b in zip(ts, ts[1:], strict=False)]
 
+        def series(self, key):
+            """The values TRL logged under ``key``, in step order."""
+            return [log[key] for log in self.logs if key in log]
+
     return StepTimer()
+
+
+def timed(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` and the seconds it took: ``(result, seconds)``."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def timed_train(trainer, meter, gen_timer=None):
+    """``trainer.train()`` with a step timer (``make_step_callback``) attached. Returns
+    ``(step timer, train seconds, contention)``: the ``generate()`` timer, if any, is taken off
+    first, then ``meter`` (a ContentionMeter) is read."""
+    timer = make_step_callback()
+    trainer.add_callback(timer)
+    _, train_s = timed(trainer.train)
+    if gen_timer is not None:
+        gen_timer.restore()
+    return timer, train_s, meter.read()
 
 
 # ---------------------------------------------------------------- eval protocol
@@ -287,6 +375,18 @@ def eval_policy(
     return res
 
 
+def eval_rollouts(policy, tok, prompts, reward_model, args):
+    """``eval_policy`` with the bench's ``--response-length`` and ``--temperature``."""
+    return eval_policy(
+        policy,
+        tok,
+        prompts,
+        reward_model,
+        max_new_tokens=args.response_length,
+        temperature=args.temperature,
+    )
+
+
 @torch.no_grad()
 def rm_pair_accuracy(rm, tok, rows, batch_size=64):
     """Fraction of (prompt, chosen, rejected) rows where score(chosen) > score(rejected)."""
@@ -308,11 +408,29 @@ def rm_pair_accuracy(rm, tok, rows, batch_size=64):
     return {"accuracy": (ch > rj).float().mean().item(), "margin": (ch - rj).mean().item()}
 
 
-# ---------------------------------------------------------------- Trainer-based bench summary
+# ---------------------------------------------------------------- trainer settings
+def cpu_args(args) -> dict:
+    """Settings every bench gives its TRL config: CPU, ``--seed``, a log every step, nothing
+    saved, reported or drawn, no dataloader workers; fp32 without gradient checkpointing unless
+    ``--trl-defaults`` (TRL's own bf16 / gradient checkpointing)."""
+    kw = dict(
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=args.seed,
+        use_cpu=True,
+        dataloader_num_workers=0,
+    )
+    if not getattr(args, "trl_defaults", False):
+        kw.update(bf16=False, gradient_checkpointing=False)
+    return kw
+
+
 def common_training_args(args, **overrides) -> dict:
-    """Settings shared by the offline (DPO/RM/SFT) benches: fp32 on CPU, constant LR, plain AdamW,
-    file-order batches (train_sampling_strategy='sequential') so a loss curve can be compared with
-    another library fed the same batches in the same order."""
+    """Settings shared by the offline (DPO/RM/SFT) benches: ``cpu_args``, no fp16, constant LR,
+    plain AdamW, file-order batches (train_sampling_strategy='sequential') so a loss curve can be
+    compared with another library fed the same batches in the same order."""
     kw = dict(
         output_dir=args.out_dir,
         per_device_train_batch_size=args.batch,
@@ -327,24 +445,19 @@ def common_training_args(args, **overrides) -> dict:
         adam_epsilon=1e-8,
         weight_decay=0.0,
         max_grad_norm=1.0,
-        logging_steps=1,
         logging_first_step=True,
-        save_strategy="no",
         eval_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=args.seed,
         data_seed=args.seed,
-        use_cpu=True,
-        dataloader_num_workers=0,
         train_sampling_strategy="random" if getattr(args, "shuffle", False) else "sequential",
+        **cpu_args(args),
     )
     if not getattr(args, "trl_defaults", False):
-        kw.update(bf16=False, fp16=False, gradient_checkpointing=False)
+        kw.update(fp16=False)
     kw.update(overrides)
     return kw
 
 
+# ---------------------------------------------------------------- offline (DPO/RM/SFT) results
 def step_summary(timer, logs_key="loss") -> dict:
     st = timer.step_times()
     train_logs = [log for log in timer.logs if logs_key in log and "train_runtime" not in log]
@@ -361,3 +474,88 @@ def step_summary(timer, logs_key="loss") -> dict:
         "first_step_logs": train_logs[0] if train_logs else None,
     }
     return out
+
+
+def offline_result(bench, trainer, args, timer, contention, parity_keys, **head) -> dict:
+    """An offline bench's result: its name, TRL trainer, config and dtype, then ``head`` (its
+    timings and any other values, in order), ``step_summary``, the step-1 values
+    ``parity_keys`` of TRL's first log, tokens/s after step 1 (from TRL's ``num_tokens``), and
+    the contention."""
+    res = {
+        "bench": bench,
+        "trainer": trainer,
+        "config": dict(vars(args)),
+        "dtype": dtype_label(args),
+        **head,
+    }
+    res.update(step_summary(timer))
+    first = res["first_step_logs"] or {}
+    res["parity_step1"] = {k: first.get(k) for k in parity_keys}
+    ntok = timer.series("num_tokens")
+    if ntok and len(timer.step_ends) > 1:
+        # tokens processed (TRL's count, no padding) after step 1, per second
+        res["tokens_per_s"] = (ntok[-1] - ntok[0]) / (timer.step_ends[-1] - timer.step_ends[0])
+    res["contention"] = contention
+    return res
+
+
+def step_report(tag, res, per_step, tokens=False) -> str:
+    """The start of an offline bench's two-line report, up to the loss of its second line;
+    ``per_step`` says what a step takes ("8 pairs"), ``tokens`` adds tokens/s."""
+    line = (
+        f"[{tag}] {res['steps']} steps x {per_step}; sec/step median {res['sec_per_step_median']:.3f} "
+        f"(min {res['sec_per_step']['min']:.3f}, max {res['sec_per_step']['max']:.3f}); first {res['first_step_s']:.2f}s; "
+    )
+    if tokens:
+        line += f"tokens/s {res.get('tokens_per_s', 0):.0f}; "
+    return line + (
+        f"peak RSS {res['peak_rss_mib']:.0f} MiB; foreign cores {res['contention']['foreign_cores']:.2f}\n"
+        f"  loss {res['loss_first']:.6f} -> {res['loss_last']:.6f} (last5 {res['loss_last5_mean']:.4f}); "
+    )
+
+
+# ---------------------------------------------------------------- online (PPO/GRPO/RLOO) results
+def iteration_summary(timer, gen_timer, tokens_per_iter, **times) -> dict:
+    """Seconds per iteration (one trainer step; the first, with its warm-up, apart), ``times``
+    (train_s, ...), generation speed without the first ``generate()`` call, and the end-to-end
+    rate of ``tokens_per_iter`` generation slots per iteration after the first."""
+    it = timer.step_times()
+    after = it[1:]
+    gen = gen_timer.summary(skip_first_calls=1)
+    return {
+        "iterations": len(it),
+        "sec_per_iter": stats(after),
+        "sec_per_iter_median": stats(after).get("median"),
+        "first_iter_s": it[0] if it else None,
+        **times,
+        "generation": gen,
+        "gen_tokens_per_s": gen["gen_tokens_per_s"],
+        "e2e_gen_tokens_per_s": tokens_per_iter * len(after) / sum(after) if after else None,
+    }
+
+
+def first_last3(name, xs) -> dict:
+    """``{name}_first``, ``{name}_last3`` (the mean of the last three) and ``{name}s`` (all)."""
+    return {
+        f"{name}_first": xs[0] if xs else None,
+        f"{name}_last3": sum(xs[-3:]) / len(xs[-3:]) if xs else None,
+        f"{name}s": xs,
+    }
+
+
+def iteration_report(res) -> str:
+    """The middle of an online bench's report: speed, memory and contention, to the line's end."""
+    return (
+        f"sec/iter median {res['sec_per_iter_median']:.3f} "
+        f"(min {res['sec_per_iter']['min']:.3f}, max {res['sec_per_iter']['max']:.3f}); first {res['first_iter_s']:.2f}s; "
+        f"gen {res['gen_tokens_per_s']:.0f} tok/s; peak RSS {res['peak_rss_mib']:.0f} MiB; "
+        f"foreign cores {res['contention']['foreign_cores']:.2f}\n"
+    )
+
+
+def eval_report(pre, post) -> str:
+    """The held-out eval before -> after (eval_rollouts), reward model and digit reward."""
+    return (
+        f"eval rm {pre['rm_score']:.4f} -> {post['rm_score']:.4f}; "
+        f"eval digits {pre['digit_reward']:.4f} -> {post['digit_reward']:.4f}"
+    )
