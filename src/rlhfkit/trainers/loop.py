@@ -461,8 +461,9 @@ class Trainer:
                 return False
         elif self.accelerator.is_main_process:
             for old in [*ckpt.checkpoint_dirs(self.output_dir), self.output_dir / "final"]:
-                logger.warning("resume=False: deleting %s", old)
-                shutil.rmtree(old, ignore_errors=True)
+                if old.exists():  # a fresh directory has nothing to warn about
+                    logger.warning("resume=False: deleting %s", old)
+                    shutil.rmtree(old, ignore_errors=True)
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
