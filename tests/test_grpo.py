@@ -314,7 +314,15 @@ def test_processed_scores_make_the_advantages(tiny_tokenizer, tmp_path):
     assert stats[0.01] <= 0.02 < stats[None]
 
 
-@pytest.mark.parametrize("overrides", [{}, {"advantage": "rloo", "score_normalize": "standardize"}])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"advantage": "rloo", "score_normalize": "standardize"},
+        {"loss_aggregation": "sequence_mean", "skip_uniform_groups": True, "kl_in_reward": True},
+        {"advantage": "reinforce++", "loss_aggregation": "constant"},
+    ],
+)
 def test_stop_and_resume_equals_an_uninterrupted_run(overrides, tiny_tokenizer, tmp_path):
     # With score_normalize, the running moments of the scores are part of the checkpoint.
     prompts = tiny_prompts(tiny_tokenizer)

@@ -160,14 +160,22 @@ def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_p
         assert metrics[True][key] == pytest.approx(metrics[False][key], rel=1e-4, abs=1e-6)
 
 
-def test_resume_continues_exactly(tiny_tokenizer, tmp_path, device):
-    straight = _trainer(tiny_tokenizer, tmp_path / "straight", **_on(device, max_steps=2))
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"advantage_estimator": "sequence", "kl_in_loss": True, "clip_range_high": 0.3}],
+    ids=["defaults", "sequence-kl_in_loss-clip_higher"],
+)
+def test_resume_continues_exactly(options, tiny_tokenizer, tmp_path, device):
+    straight = _trainer(
+        tiny_tokenizer, tmp_path / "straight", **_on(device, max_steps=2, **options)
+    )
     straight.train()
 
-    first = _trainer(tiny_tokenizer, tmp_path / "resumed", **_on(device, max_steps=2))
+    first = _trainer(tiny_tokenizer, tmp_path / "resumed", **_on(device, max_steps=2, **options))
     first.train(stop_after=1)
     assert (tmp_path / "resumed" / "run" / "checkpoint-1").is_dir()
-    second = _trainer(tiny_tokenizer, tmp_path / "resumed", **_on(device, max_steps=2, resume=True))
+    resumed = _on(device, max_steps=2, resume=True, **options)
+    second = _trainer(tiny_tokenizer, tmp_path / "resumed", **resumed)
     second.train()
     assert second.state.step == 2 and second.state.complete
     a, b = _weights(straight.trainable), _weights(second.trainable)
