@@ -422,11 +422,11 @@ class Trainer:
         )
         try:
             self._run_steps(target)
-            if self.state.step < self.state.total_steps:
+            if self.state.step < self.state.total_steps:  # stopped early: resumable from here
                 if self._saved_at != self.state.step:
                     self.save_checkpoint()
-                return self.state
-            self._finish()
+            else:
+                self._finish()
         except BaseException:
             with _logged_instead("closing the tracker"):  # a full disk fails this too
                 self.tracker.close()
