@@ -178,14 +178,11 @@ CASES = {
 @pytest.fixture
 def in_place(place, monkeypatch):
     """Run from `place` (the default paths of `eval` are relative), its reward module
-    importable, and the loggers the commands quiet restored afterwards."""
+    importable."""
     monkeypatch.chdir(place.root)
     monkeypatch.syspath_prepend(str(place.root))
     monkeypatch.delenv("RLHFKIT_DEBUG", raising=False)
-    data_logger = logging.getLogger("rlhfkit.data")
-    level = data_logger.level
-    yield place
-    data_logger.setLevel(level)
+    return place
 
 
 def run_main(argv, capsys):

@@ -6,7 +6,6 @@ import logging
 import re
 from types import SimpleNamespace
 
-import pytest
 import torch
 from transformers import AutoTokenizer
 
@@ -31,15 +30,6 @@ ACTIVE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  
 def assert_inert_in_a_terminal(shown: str) -> None:
     assert not ACTIVE.search(shown), repr(shown)
     assert "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m\\rfake\\u202etxt" in shown
-
-
-@pytest.fixture
-def quiet_data_logger():
-    """The terminal commands quiet `rlhfkit.data`; put its level back."""
-    data_logger = logging.getLogger("rlhfkit.data")
-    level = data_logger.level
-    yield
-    data_logger.setLevel(level)
 
 
 # --------------------------------------------------------------------------- terminals
@@ -70,7 +60,7 @@ def test_chat_shows_a_hostile_reply_and_scorer_name_as_escapes(tiny_tokenizer):
 
 
 def test_sample_prints_each_continuation_on_one_inert_line(
-    tiny_model_dir, tiny_tokenizer, monkeypatch, capsys, quiet_data_logger
+    tiny_model_dir, tiny_tokenizer, monkeypatch, capsys
 ):
     ids = tiny_tokenizer(HOSTILE + "\nline 2", add_special_tokens=False)["input_ids"]
 
@@ -79,7 +69,10 @@ def test_sample_prints_each_continuation_on_one_inert_line(
         return GenerationOutput(response, torch.ones_like(response), torch.zeros(len(query)) > 0)
 
     monkeypatch.setattr(LMAgent, "_generate", generate)
+    data_logger = logging.getLogger("rlhfkit.data")
+    level = data_logger.level
     run_sample(SampleConfig(model=str(tiny_model_dir), prompt=["Hi\x1b[31m", "Bye"]))
+    assert data_logger.level == level  # quiet while it ran, as it was afterwards
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 6  # 2 prompts x 3 samples, one line each
     for line in lines:

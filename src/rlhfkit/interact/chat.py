@@ -16,7 +16,8 @@ shows as ``\\x1b``, ``\\r``, never reaches the terminal.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from rlhfkit.config import ConfigError, RewardOptions, checked_sampling
@@ -131,14 +132,26 @@ def _scorer(config: RewardOptions, agent: LMAgent) -> Scorer | None:
     return scorer.to(agent.device)
 
 
+@contextmanager
+def _quiet_data_reports() -> Iterator[None]:
+    """Tokenisation reports, one per turn or batch, would interleave with what the terminal
+    shows: the data layer's logger at WARNING while the command runs, as it was afterwards."""
+    data_logger = logging.getLogger("rlhfkit.data")
+    level = data_logger.level
+    data_logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        data_logger.setLevel(level)
+
+
 def run_chat(config: ChatConfig) -> None:
     """Load the model (and the reward's scorer), then chat until /quit or end of input."""
-    # Tokenisation reports, one per turn, would interleave with the conversation.
-    logging.getLogger("rlhfkit.data").setLevel(logging.WARNING)
-    agent = LMAgent.from_pretrained(config.model, sampling=config.sampling, seed=config.seed)
-    scorer = _scorer(config, agent)
-    print(BANNER.format(model=terminal_text(config.model)), flush=True)
-    chat_loop(agent, scorer, system=config.system)
+    with _quiet_data_reports():
+        agent = LMAgent.from_pretrained(config.model, sampling=config.sampling, seed=config.seed)
+        scorer = _scorer(config, agent)
+        print(BANNER.format(model=terminal_text(config.model)), flush=True)
+        chat_loop(agent, scorer, system=config.system)
 
 
 @dataclass(kw_only=True)
@@ -181,7 +194,11 @@ class SampleConfig(RewardOptions):
 
 def run_sample(config: SampleConfig) -> None:
     """Sample ``num_samples`` continuations of every prompt in one batch and print them."""
-    logging.getLogger("rlhfkit.data").setLevel(logging.WARNING)
+    with _quiet_data_reports():
+        _sample_and_print(config)
+
+
+def _sample_and_print(config: SampleConfig) -> None:
     agent = LMAgent.from_pretrained(config.model, sampling=config.sampling, seed=config.seed)
     tok = agent.tokenizer
     given = [config.prompt] if isinstance(config.prompt, str) else config.prompt
