@@ -23,7 +23,9 @@ import torch
 from rlhfkit.data import encode_pairs, pad
 from rlhfkit.data.encode import UNSET_CONTEXT
 from rlhfkit.errors import RunError
+from rlhfkit.runtime.machine import Runtime
 from rlhfkit.runtime.packing import PackedRows, packing_enabled
+from rlhfkit.runtime.sharding import shard
 
 logger = logging.getLogger(__name__)
 
@@ -259,3 +261,15 @@ def as_scorer(source: Scorer | torch.nn.Module | Callable) -> Scorer:
     if callable(source):
         return FunctionScorer(source)
     raise TypeError(f"cannot score with {type(source).__name__}: need a Scorer, model or callable")
+
+
+def prepare_scorer(scorer: Scorer, runtime: Runtime, packed: bool = False) -> Scorer:
+    """``scorer`` on the runtime's device, each model in it (a reward model) with the kernels
+    the trained models run (attention, GELU, padding-free passes with ``packed``) and, under
+    FSDP, sharded as they are: what every RL trainer does with the scorer it is given."""
+    scorer = scorer.to(runtime.device)
+    for model in scorer.models():
+        runtime.prepare(model, packed=packed)
+        if runtime.sharded:  # frozen, but 1/N of its memory on each process
+            shard(model)
+    return scorer

@@ -55,7 +55,7 @@ from rlhfkit.experience.rollout import (
     require_finite_values,
 )
 from rlhfkit.experience.scorer_loading import build_scorer
-from rlhfkit.experience.scorers import ScoreInput, Scorer
+from rlhfkit.experience.scorers import ScoreInput, Scorer, prepare_scorer
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.models.passes import response_logprobs, sequence_inputs
 from rlhfkit.ops.advantages import group_advantages, reinforce_pp_advantages, rloo_advantages
@@ -64,7 +64,6 @@ from rlhfkit.ops.losses import aggregate_token_loss, kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
 from rlhfkit.runtime.distributed import stream_seed
 from rlhfkit.runtime.packing import enable_packing
-from rlhfkit.runtime.sharding import shard
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.loop import WATCH_RL, Batch
 from rlhfkit.trainers.policy import PolicyTrainer
@@ -127,11 +126,7 @@ class GRPOTrainer(PolicyTrainer):
             for policy_or_reference in (self.unwrapped_model, self.reference):
                 if policy_or_reference is not None:
                     enable_packing(policy_or_reference)
-        scorer = scorer.to(self.accelerator.device)
-        for model in scorer.models():  # a reward model: the same GELU and attention
-            self.runtime.prepare(model, packed=config.padding_free)
-            if self.runtime.sharded:
-                shard(model)
+        scorer = prepare_scorer(scorer, self.runtime, config.padding_free)
         settings = RolloutSettings(
             sampling=config.sampling,
             scores=ScoreOptions.of(config),

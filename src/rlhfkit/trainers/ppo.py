@@ -52,7 +52,7 @@ from rlhfkit.experience.rollout import (
     rollout_stats,
 )
 from rlhfkit.experience.scorer_loading import build_scorer
-from rlhfkit.experience.scorers import Scorer, as_scorer
+from rlhfkit.experience.scorers import Scorer, as_scorer, prepare_scorer
 from rlhfkit.models.loading import disable_dropout, freeze, load_tokenizer
 from rlhfkit.models.lora import merged_copy
 from rlhfkit.models.passes import (
@@ -117,8 +117,8 @@ class PPOTrainer(Trainer):
         self.policy, self.critic = self.unwrapped_model, critic
         self.ptx_examples = ptx_examples or []
         self.eval_prompts = eval_prompts or []
-        scorer = as_scorer(scorer).to(self.runtime.device)
-        self._prepare_models(reference, scorer)
+        scorer = prepare_scorer(as_scorer(scorer), self.runtime, self.config.padding_free)
+        self._prepare_models(reference)
         self.trainable = nn.ModuleDict({"policy": policy, **({"critic": critic} if critic else {})})
         self.critic_engine: nn.Module | None = None
         if critic is not None:
@@ -163,10 +163,9 @@ class PPOTrainer(Trainer):
             for name, learner in self.learners.items()
         ]
 
-    def _prepare_models(self, reference: nn.Module | None, scorer: Scorer) -> None:
-        """Every model on the runtime's device with its kernels; dropout off where asked; the
-        reference frozen; a reward model with the same GELU and attention; with FSDP the
-        frozen models sharded like the trained ones."""
+    def _prepare_models(self, reference: nn.Module | None) -> None:
+        """Policy, reference and critic on the runtime's device with its kernels; dropout off
+        where asked; the reference frozen and, with FSDP, sharded like the trained ones."""
         for model in (self.policy, reference, self.critic):
             if model is not None:
                 trained = model is not reference
@@ -175,12 +174,8 @@ class PPOTrainer(Trainer):
                     disable_dropout(model)
         if reference is not None:
             freeze(reference)
-        for model in scorer.models():
-            self.runtime.prepare(model, packed=self.config.padding_free)
-        if self.runtime.sharded:  # the frozen models too: 1/N of their memory each
-            for model in (reference, *scorer.models()):
-                if model is not None:
-                    shard(model)
+            if self.runtime.sharded:  # frozen too: 1/N of its memory each
+                shard(reference)
 
     # ----------------------------------------------------------------- the loop's hooks
     @property
