@@ -75,12 +75,13 @@ def chat_loop(
 def reward_line(scorer: Scorer, batch: ScoreInput) -> str:
     """A reply's reward as shown: ``name: total``, and for a weighted sum of several scorers
     each part's own score too (which one liked the reply is what a user wants to know)."""
-    total = scorer(batch).item()
     if not isinstance(scorer, WeightedScorer) or len(scorer.parts) == 1:
-        return f"{terminal_text(scorer.name)}: {total:.3f}"
+        return f"{terminal_text(scorer.name)}: {scorer(batch).item():.3f}"
+    scored = [(part, weight, part(batch)) for part, weight in scorer.parts]  # each part once
+    total = sum(weight * scores for _, weight, scores in scored).item()  # as WeightedScorer
     parts = " + ".join(
-        f"{weight:g} x {terminal_text(part.name)} {part(batch).item():.3f}"
-        for part, weight in scorer.parts
+        f"{weight:g} x {terminal_text(part.name)} {scores.item():.3f}"
+        for part, weight, scores in scored
     )
     return f"{total:.3f} = {parts}"
 

@@ -24,8 +24,9 @@ sampling forward pass is saved). By default the loss is averaged over all respon
 the micro-batch (TRL's ``loss_type="bnpo"``, and its default "dapo" with one micro-batch on
 one process); ``loss_aggregation`` also gives DeepSeekMath's mean of per-sequence means and
 Dr. GRPO's constant normaliser (``ops.losses.aggregate_token_loss``), and
-``skip_uniform_groups`` leaves groups without signal out of the loss (DAPO). Rewards from a reward model are read at the EOS the policy emitted, as the
-reward model was trained; TRL's GRPO scores the text without EOS.
+``skip_uniform_groups`` leaves groups without signal out of the loss (DAPO). Rewards from a
+reward model are read at the EOS the policy emitted, as the reward model was trained; TRL's
+GRPO scores the text without EOS.
 """
 
 from __future__ import annotations
