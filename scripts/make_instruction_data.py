@@ -26,6 +26,11 @@ PPO and GRPO sample from the whole train split. The test split (held-out topics 
 constraint kinds) gets comparisons for the reward model's accuracy and a few demonstrations
 for SFT's held-out loss.
 
+More comparisons later: ``--more-comparisons N`` samples and labels the next N train prompts
+of the same order (after every prompt already used for comparisons or demonstrations) with the
+labeller tau of ``stats.json``, and appends them to ``rankings/`` and ``comparisons/``; the
+demonstrations and the test split are left as they are.
+
 Output, beside the prompts: ``{sft,comparisons,rankings}/{train,test}.jsonl`` and the counts,
 tau and sampling settings merged into ``stats.json``. Usage (after ``make smollm2``)::
 
@@ -75,6 +80,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--agreement", type=float, default=0.75)
     parser.add_argument("--batch-size", type=int, default=64, help="sampled rows per batch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--more-comparisons",
+        type=int,
+        default=0,
+        metavar="N",
+        help="append comparisons of the next N unused train prompts to the existing data",
+    )
     parser.add_argument(
         "--device",
         default="cuda" if torch.cuda.is_available() else "cpu",
@@ -151,17 +163,67 @@ def _rounded(x: float | None) -> float | None:
     return None if x is None or math.isnan(x) else round(x, 4)
 
 
+def shuffled_prompts(data: Path, rng: random.Random) -> tuple[list[str], list[str]]:
+    """The train and test prompts in the script's fixed order."""
+    train = [r.prompt for r in load_records(data / "prompts", "prompts", split="train")]
+    test = [r.prompt for r in load_records(data / "prompts", "prompts", split="test")]
+    rng.shuffle(train)
+    rng.shuffle(test)
+    return train, test
+
+
+def append_jsonl(rows: list[dict], path: Path) -> None:
+    """``path``'s rows followed by ``rows``, written again atomically."""
+    old = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    write_jsonl(old + rows, path)
+
+
+def add_comparisons(args, model, tokenizer) -> None:
+    """Sample, label and append comparisons of the next ``--more-comparisons`` train prompts."""
+    stats_path = args.data / "stats.json"
+    stats = json.loads(stats_path.read_text())
+    made = stats["data"]
+    if made["seed"] != args.seed:
+        raise SystemExit(f"--seed {args.seed} differs from the data's seed {made['seed']}")
+    train, _ = shuffled_prompts(args.data, random.Random(args.seed))
+    used = made["train"]["rankings"] + made["train"]["demo_prompts"]
+    prompts = train[used : used + args.more_comparisons]
+    if not prompts:
+        raise SystemExit(f"every one of the {len(train)} train prompts is used already")
+    log.info("sampling %d x %d responses (more comparisons)", len(prompts), args.k)
+    started = time.process_time()
+    sets = sample_sets(model, tokenizer, prompts, args.k, args, args.seed + 4 + used)
+    tau = stats["labeller_tau"]
+    rankings, pairs = label(prompts, sets, tau, random.Random(used))
+    append_jsonl(rankings, args.data / "rankings" / "train.jsonl")
+    append_jsonl(pairs, args.data / "comparisons" / "train.jsonl")
+    made["added"] = made.get("added", []) + [
+        {
+            "prompts": len(prompts),
+            "after": used,
+            "comparisons": len(pairs),
+            "tau": tau,
+            "agreement_with_gold": _rounded(pair_agreement(pairs)),
+            "sampling_cpu_s": round(time.process_time() - started, 1),
+        }
+    ]
+    made["train"]["rankings"] += len(rankings)
+    made["train"]["comparisons"] += len(pairs)
+    stats_path.write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    log.info("appended %d rankings and %d comparisons", len(rankings), len(pairs))
+
+
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     torch.manual_seed(args.seed)
     tokenizer = load_tokenizer(args.model, padding_side="left")
     model = freeze(load_causal_lm(args.model, tokenizer=tokenizer)).to(args.device)
+    if args.more_comparisons:
+        add_comparisons(args, model, tokenizer)
+        return
     rng = random.Random(args.seed)
-    train = [r.prompt for r in load_records(args.data / "prompts", "prompts", split="train")]
-    test = [r.prompt for r in load_records(args.data / "prompts", "prompts", split="test")]
-    rng.shuffle(train)
-    rng.shuffle(test)
+    train, test = shuffled_prompts(args.data, rng)
     rank_train = train[: args.rank_prompts]
     demo_train = train[args.rank_prompts : args.rank_prompts + args.demo_prompts]
     rank_test = test[: args.rank_test_prompts]

@@ -1,6 +1,8 @@
 """GRPO / RLOO trainer: group advantages, the loss against a plain loop, learning a trivially
-learnable reward with the reference unchanged, LoRA reference, the command end to end."""
+learnable reward with the reference unchanged, several updates per generation, LoRA
+reference, the command end to end."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,8 +12,9 @@ import torch
 from helpers import TargetFraction, tiny_corpus, tiny_lm, tiny_prompts
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import PromptCollator
+from rlhfkit.experience.rollout import estimate_advantages, rollout_stats
 from rlhfkit.ops.advantages import group_advantages
-from rlhfkit.trainers.grpo import GRPOTrainer, group_baseline_advantages, run_grpo
+from rlhfkit.trainers.grpo import GRPOTrainer, run_grpo
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
 
 
@@ -37,15 +40,43 @@ def _config(tmp_path, **overrides):
     return GRPOConfig(**{**values, **overrides})
 
 
+def _advantages(scores, config, kl=None, kl_coef=0.0):
+    """(B,) the advantage of each response as the config's experience settings estimate it
+    (every token of a response gets its response's), from (B,) scores; responses of 2
+    tokens."""
+    mask = torch.ones(len(scores), 2)
+    rewards = torch.zeros(len(scores), 2)
+    settings = config.rollout_settings
+    advantages, returns, values = estimate_advantages(
+        settings, scores, kl, kl_coef, rewards, None, mask
+    )
+    assert returns is None and values is None  # no critic
+    torch.testing.assert_close(advantages[:, 0], advantages[:, 1])
+    return advantages[:, 0]
+
+
 def test_advantage_dispatch_by_hand(tmp_path):
     scores = torch.tensor([1.0, 2.0, 3.0, 6.0])
     std = (14 / 3) ** 0.5  # unbiased std of the group
-    grpo = group_baseline_advantages(scores, _config(tmp_path))
+    grpo = _advantages(scores, _config(tmp_path))
     torch.testing.assert_close(grpo, (scores - 3.0) / (std + 1e-6))
-    dr_grpo = group_baseline_advantages(scores, _config(tmp_path, scale_rewards=False))
+    dr_grpo = _advantages(scores, _config(tmp_path, scale_rewards=False))
     torch.testing.assert_close(dr_grpo, scores - 3.0)
-    rloo = group_baseline_advantages(scores, _config(tmp_path, advantage="rloo"))
+    rloo = _advantages(scores, _config(tmp_path, advantage="rloo"))
     torch.testing.assert_close(rloo, torch.tensor([1 - 11 / 3, 2 - 10 / 3, 0.0, 4.0]))
+    # The KL in the scores: each response's total reward is its score less beta x its KL.
+    kl = torch.tensor([[0.5, 0.5], [0.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
+    in_scores = _advantages(scores, _config(tmp_path, scale_rewards=False), kl, 0.5)
+    totals = torch.tensor([0.5, 2.0, 2.0, 5.0])
+    torch.testing.assert_close(in_scores, totals - totals.mean())
+
+
+def _loss(trainer, batch):
+    """One micro-batch as an iteration makes and learns from it: its experience, then its
+    loss; the statistics of both."""
+    rollout = trainer.make_experience(batch)
+    loss, stats = trainer.policy_loss(rollout)
+    return loss, rollout_stats(rollout, trainer.config.num_generations) | stats
 
 
 @pytest.mark.parametrize("padding_free", [True, False])
@@ -64,7 +95,7 @@ def test_loss_and_gradient_equal_a_plain_loop(padding_free, tiny_tokenizer, tmp_
     )
     assert trainer.packed == padding_free
     batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
-    loss, metrics = trainer.compute_loss(batch)
+    loss, metrics = _loss(trainer, batch)
     loss.backward()
     weight = trainer.model.transformer.wte.weight
     grad = weight.grad.clone()
@@ -91,7 +122,9 @@ def test_loss_and_gradient_equal_a_plain_loop(padding_free, tiny_tokenizer, tmp_
     ((surrogate + beta * kl) / lengths.sum()).backward()
     expected_value = (-(advantages * lengths).sum() + beta * kl.detach()) / lengths.sum()
     assert loss.item() == pytest.approx(expected_value.item(), abs=1e-5)
-    assert float(metrics["loss/kl_k3"]) == pytest.approx(float(kl / lengths.sum()), rel=1e-4)
+    assert float(metrics["loss/kl_k3"]) == pytest.approx(
+        float(kl.detach() / lengths.sum()), rel=1e-4
+    )
     assert float(metrics["loss/kl_k3"]) > 0.01
     assert float(metrics["kl/ref"]) == pytest.approx(k1 / len(advantages), rel=1e-4)
     torch.testing.assert_close(grad, weight.grad, atol=1e-6, rtol=1e-4)
@@ -136,7 +169,7 @@ def test_loss_aggregations_and_skipped_groups_equal_a_plain_loop(
     trainer = GRPOTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, scorer, reference=reference
     )
-    loss, metrics = trainer.compute_loss(PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
+    loss, metrics = _loss(trainer, PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
     loss.backward()
     weight = trainer.model.transformer.wte.weight
     grad, weight.grad = weight.grad.clone(), None
@@ -183,7 +216,7 @@ def test_kl_in_reward_moves_the_kl_from_the_loss_to_the_scores(tiny_tokenizer, t
     trainer = GRPOTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, scorer, reference=reference
     )
-    loss, metrics = trainer.compute_loss(PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
+    loss, metrics = _loss(trainer, PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
     assert "loss/kl_k3" not in metrics
     samples = scorer.last
     lengths = samples.response_mask.sum(1)
@@ -215,7 +248,7 @@ def test_reinforce_pp_gradient_equals_a_plain_loop(tiny_tokenizer, tmp_path):
     trainer = GRPOTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, scorer, reference=reference
     )
-    loss, metrics = trainer.compute_loss(PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
+    loss, metrics = _loss(trainer, PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
     assert "loss/kl_k3" not in metrics
     loss.backward()
     weight = trainer.model.transformer.wte.weight
@@ -274,6 +307,51 @@ def test_learns_a_trivial_reward_and_the_reference_does_not_move(
     assert {"prompt", "response", "score", "advantage"} <= set(samples[0])
 
 
+def test_the_policy_pass_of_the_experience_is_the_update_s_first(tiny_tokenizer, tmp_path):
+    """With several updates per generation the experience carries pi_old from its own pass;
+    before any step, the loss against it is the loss of the update's pass as pi_old."""
+    prompts = tiny_prompts(tiny_tokenizer)
+    reference = tiny_lm(tiny_tokenizer, seed=1)
+    config = _config(tmp_path, num_iterations=2, beta=0.1)
+    trainer = GRPOTrainer(
+        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction(),
+        reference=reference,
+    )  # fmt: skip
+    rollout = trainer.make_experience(PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
+    assert rollout.logprobs is not None and rollout.kl is not None
+    loss, stats = trainer.policy_loss(rollout)
+    on_policy, _ = trainer.policy_loss(dataclasses.replace(rollout, logprobs=None))
+    assert loss.item() == pytest.approx(on_policy.item(), abs=1e-6)
+    assert stats["policy/ratio"] == pytest.approx(1.0, abs=1e-6)
+    assert stats["policy/clipfrac"] == 0.0
+
+
+def test_several_updates_per_generation_clip_and_count_their_steps(tiny_tokenizer, tmp_path):
+    prompts = tiny_prompts(tiny_tokenizer)
+    config = _config(
+        tmp_path, num_iterations=2, steps_per_generation=2, max_steps=2, learning_rate=3e-2,
+        log_every=1,
+    )  # fmt: skip
+    trainer = GRPOTrainer(
+        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
+    )
+    trainer.train()
+    assert trainer.learners["model"].scheduler.last_epoch == 2 * 2 * 2  # iterations x steps
+    assert trainer.state.batch_index == 2 * 2  # each iteration samples two micro-batches
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    train = [row for row in logged if "train/policy/clipfrac" in row]
+    assert len(train) == 2
+    assert all(row["train/policy/clipfrac"] > 0 for row in train)  # the clip acts
+    assert all(row["train/policy/ratio"] != pytest.approx(1.0, abs=1e-6) for row in train)
+    # Without max_steps, an epoch of 64 prompts is 64 / (4 prompts x 2 micro-batches) steps.
+    by_epochs = _config(tmp_path, steps_per_generation=2, max_steps=None, num_epochs=1)
+    trainer = GRPOTrainer(
+        by_epochs, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
+    )
+    assert trainer.state.total_steps == len(prompts) // 8
+    assert trainer.count_optimizer_steps() == 2 * len(prompts) // 8
+
+
 def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
     prompts = tiny_prompts(tiny_tokenizer)
     lm = tiny_lm(tiny_tokenizer)
@@ -296,7 +374,7 @@ def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
     )
     assert no_kl.reference is None
     batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
-    assert "kl/ref" not in no_kl.compute_loss(batch)[1]
+    assert "kl/ref" not in _loss(no_kl, batch)[1]
 
 
 def test_processed_scores_make_the_advantages(tiny_tokenizer, tmp_path):
@@ -310,7 +388,7 @@ def test_processed_scores_make_the_advantages(tiny_tokenizer, tmp_path):
         trainer = GRPOTrainer(
             config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
         )
-        stats[clip] = trainer.compute_loss(batch)[1]["advantage/abs_mean"]
+        stats[clip] = _loss(trainer, batch)[1]["advantage/abs_mean"]
     assert stats[0.01] <= 0.02 < stats[None]
 
 
@@ -321,6 +399,7 @@ def test_processed_scores_make_the_advantages(tiny_tokenizer, tmp_path):
         {"advantage": "rloo", "score_normalize": "standardize"},
         {"loss_aggregation": "sequence_mean", "skip_uniform_groups": True, "kl_in_reward": True},
         {"advantage": "reinforce++", "loss_aggregation": "constant"},
+        {"num_iterations": 2, "steps_per_generation": 2, "clip_range_high": 0.28},
     ],
 )
 def test_stop_and_resume_equals_an_uninterrupted_run(overrides, tiny_tokenizer, tmp_path):

@@ -195,14 +195,14 @@ def test_a_nan_advantage_stops_grpo_naming_it(tiny_tokenizer, tmp_path, monkeypa
     with pytest.raises(ScoreError, match="non-finite score nan"):
         trainer.train()
     monkeypatch.setattr(
-        "rlhfkit.trainers.grpo.group_baseline_advantages",
-        lambda scores, cfg: torch.full_like(scores, float("nan")),
+        "rlhfkit.experience.rollout.group_advantages",
+        lambda scores, *args: torch.full_like(scores, float("nan")),
     )
     trainer = GRPOTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, tiny_prompts(tiny_tokenizer, 8),
         TargetFraction(),
     )  # fmt: skip
-    with pytest.raises(RunError, match="at step 1 .*: advantages \\(8 of 8 values"):
+    with pytest.raises(RunError, match="at step 1 .*: rollout advantages \\(\\d+ of \\d+ values"):
         trainer.train()
 
 

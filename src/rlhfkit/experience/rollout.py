@@ -1,17 +1,19 @@
-"""Making PPO experience: the one ``Rollout`` record and the forward passes that fill it.
+"""Making experience: the one ``Rollout`` record and the forward passes that fill it.
 
 A rollout follows InstructGPT / Ziegler et al. 2019 as lm-human-preferences and TRL's
 ``PPOTrainer`` implement it: sample a response per prompt, then (no gradient, eval mode) run
 ONE forward of the full query + response sequence through each of the policy, the frozen
 reference and the critic, score the responses, shape per-token rewards (-beta * KL plus the
-score at the last real token), and compute GAE advantages and returns, whitening the
-advantages.
+score at the last real token), and compute advantages by the estimator the settings name:
+GAE over the critic's values (PPO), or a baseline without a critic (GRPO's group z-score,
+RLOO's leave-one-out, REINFORCE++'s whitened returns). Every RL stage makes its experience
+here and only here.
 
 Sampling temperature: the behaviour policy samples from softmax(logits / T), so the log-probs
-PPO uses (rollout, reference and update alike) are computed from ``logits / T`` too, as in
-lm-human-preferences and TRL; at T != 1 they are not the log-probs of the temperature-1 model.
-Departure shared with TRL: top-k / top-p filtering is not reflected in the log-probs (the
-ratio and KL use the full softmax), so keep them off for PPO unless you accept that bias.
+the update uses (rollout, reference and update alike) are computed from ``logits / T`` too, as
+in lm-human-preferences and TRL; at T != 1 they are not the log-probs of the temperature-1
+model. Departure shared with TRL: top-k / top-p filtering is not reflected in the log-probs
+(the ratio and KL use the full softmax), so keep them off for RL unless you accept that bias.
 
 ``ExperienceMaker`` makes it; the passes themselves (inputs, response logits, critic values)
 are in ``models/passes.py``.
@@ -48,7 +50,12 @@ from rlhfkit.models.passes import (
     response_logprobs,
     sequence_inputs,
 )
-from rlhfkit.ops.advantages import gae
+from rlhfkit.ops.advantages import (
+    gae,
+    group_advantages,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 from rlhfkit.ops.logprobs import entropy_from_logits
 from rlhfkit.ops.masks import masked_mean, masked_var, masked_whiten
 from rlhfkit.runtime.distributed import sum_over_ranks
@@ -66,23 +73,35 @@ class Rollout:
     query_mask: torch.Tensor  # (B, Tq)
     response: torch.Tensor  # (B, Tr) sampled ids, pad after the first EOS
     response_mask: torch.Tensor  # (B, Tr) 1 for real tokens up to and including EOS
-    logprobs: torch.Tensor  # (B, Tr) log pi_old(token) at the sampling temperature
-    ref_logprobs: torch.Tensor  # (B, Tr) log pi_ref(token) at the sampling temperature
-    entropy: torch.Tensor  # (B, Tr) entropy of pi_old at each response position (nats)
-    values: torch.Tensor  # (B, Tr) critic values V(s_t)
+    # (B, Tr) log pi_old(token) at the sampling temperature; None when the policy's pass
+    # was left to the update (one update from the sampling policy: pi_old is pi, detached)
+    logprobs: torch.Tensor | None
+    ref_logprobs: torch.Tensor | None  # (B, Tr) log pi_ref(token); None without a reference
+    entropy: torch.Tensor | None  # (B, Tr) entropy of pi_old at each position (nats)
+    values: torch.Tensor | None  # (B, Tr) critic values V(s_t); None without a critic
     raw_scores: torch.Tensor  # (B,) scorer output before penalty / normalisation / clipping
     scores: torch.Tensor  # (B,) the score added at the last real token
-    kl: torch.Tensor  # (B, Tr) per-token KL(pi || ref) estimate used in the rewards
+    kl: torch.Tensor | None  # (B, Tr) per-token KL(pi || ref) estimate used in the rewards
     rewards: torch.Tensor  # (B, Tr) -beta * kl + score at the last real token
-    advantages: torch.Tensor  # (B, Tr) GAE, whitened if configured
-    returns: torch.Tensor  # (B, Tr) GAE advantages (before whitening) + values
+    advantages: torch.Tensor  # (B, Tr) by the settings' estimator, whitened if configured
+    returns: torch.Tensor | None  # (B, Tr) GAE advantages (before whitening) + values
     eos_emitted: torch.Tensor  # (B,) bool, False where the response ran out of tokens
     prompts: list[str]  # B decoded prompts
     responses: list[str]  # B decoded responses (special tokens removed)
+    # (B,) bool, False for rows left out of the loss (their group's scores are all equal:
+    # skip_uniform_groups); None keeps every row
+    kept: torch.Tensor | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
 
     def __len__(self) -> int:
         return self.query.shape[0]
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """(B, Tr) the response tokens the loss counts: every real one of the kept rows."""
+        if self.kept is None:
+            return self.response_mask
+        return self.response_mask * self.kept[:, None].to(self.response_mask.dtype)
 
     @property
     def sequences(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -99,16 +118,17 @@ class Rollout:
         picked = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name != "timings":
-                picked[f.name] = (
-                    [value[i] for i in rows] if isinstance(value, list) else value[index]
-                )
+            if f.name != "timings" and value is not None:
+                value = [value[i] for i in rows] if isinstance(value, list) else value[index]
+            picked[f.name] = value
+        picked.pop("timings")
         first = int(picked["query_mask"].any(0).nonzero().min())
         end = int(picked["response_mask"].any(0).nonzero().max()) + 1
         for name in _QUERY_FIELDS:
             picked[name] = picked[name][:, first:]
         for name in _RESPONSE_FIELDS:
-            picked[name] = picked[name][:, :end]
+            if picked[name] is not None:
+                picked[name] = picked[name][:, :end]
         return Rollout(**picked)
 
     def check_finite(self) -> None:
@@ -117,7 +137,8 @@ class Rollout:
         anything). One NaN there would turn the update's loss and then every weight into NaN."""
         require_finite_values("rollout scores", self.scores)
         for name in _CHECKED_FIELDS:
-            require_finite_values(f"rollout {name}", getattr(self, name), self.response_mask)
+            if getattr(self, name) is not None:
+                require_finite_values(f"rollout {name}", getattr(self, name), self.response_mask)
 
 
 def require_finite_values(
@@ -138,6 +159,8 @@ def require_finite_values(
 
 
 _CHECKED_FIELDS = ("logprobs", "ref_logprobs", "values", "kl", "rewards", "advantages", "returns")
+ESTIMATORS = ("gae", "sequence", "grpo", "rloo", "reinforce++")  # by a critic, or without one
+GROUP_ESTIMATORS = ("grpo", "rloo")
 _QUERY_FIELDS = ("query", "query_mask")
 _RESPONSE_FIELDS = (
     "response",
@@ -155,17 +178,31 @@ _RESPONSE_FIELDS = (
 
 @dataclass
 class RolloutSettings:
-    """How experience is made (the PPO trainer fills it from its config).
+    """How experience is made (each RL trainer fills it from its config).
 
     Attributes:
         sampling: sampling settings for the responses.
         kl_estimator: "k1" (InstructGPT), "k2" or "k3", for the per-token KL penalty.
         gamma, lam: GAE discount and lambda.
-        estimator: "gae" (a value per token, InstructGPT) or "sequence" (one value per
-            response: the critic's value of the prompt is the baseline of every token's
-            return to the end, A_t = G_t - V(prompt); GAE with that value at every token and
-            lambda 1 computes it, the values telescoping away).
+        estimator: the advantage estimator, by name (``ESTIMATORS``). With a critic: "gae"
+            (a value per token, InstructGPT) or "sequence" (one value per response: the
+            critic's value of the prompt is the baseline of every token's return to the end,
+            A_t = G_t - V(prompt); GAE with that value at every token and lambda 1 computes
+            it, the values telescoping away). Without one, from each response's total reward
+            (its score less beta x its KL): "grpo" (the group's z-score, Shao et al. 2024;
+            centred only without ``scale_by_std``: Dr. GRPO), "rloo" (minus the mean of the
+            rest of the group, Ahmadian et al. 2024); or "reinforce++" (each token's return
+            to the end, whitened over the batch, Hu 2025). The group estimators give every
+            token of a response its response's advantage.
+        group_size: responses per prompt, contiguous rows (the group estimators).
+        scale_by_std: "grpo" only: divide by the group's std.
+        skip_uniform_groups: leave the groups whose scores are all equal out of the loss
+            (``Rollout.kept``; DAPO's dynamic sampling without the re-sampling).
         whiten_advantages: normalise advantages over the batch (mean 0, std 1).
+        policy_pass: run the policy's no-grad pass for pi_old. Off only where the update
+            takes one step from the sampling policy, so that its own pass is pi_old; it runs
+            anyway where the rewards read the policy's log-probs (a KL penalty) or a value
+            head gives the values.
         scores: missing-EOS penalty, normalisation and clipping of scores.
         forward_batch_size: rows per forward pass after sampling; None = the whole batch.
     """
@@ -175,19 +212,35 @@ class RolloutSettings:
     gamma: float = 1.0
     lam: float = 0.95
     estimator: str = "gae"
+    group_size: int = 1
+    scale_by_std: bool = True
+    skip_uniform_groups: bool = False
     whiten_advantages: bool = True
+    policy_pass: bool = True
     scores: ScoreOptions = field(default_factory=ScoreOptions)
     forward_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator={self.estimator!r} is not one of {ESTIMATORS}")
+
+    @property
+    def has_critic(self) -> bool:
+        """Whether the estimator reads a critic's values."""
+        return self.estimator in ("gae", "sequence")
 
 
 @dataclass
 class RolloutModels:
     """The models a rollout runs. ``reference=None`` means the policy with its LoRA adapter
-    disabled; ``critic=None`` means the policy is a ``ValueHeadLM``."""
+    disabled, or, with ``has_reference=False``, no reference at all (no KL anywhere: GRPO
+    with beta 0); ``critic=None`` means the policy is a ``ValueHeadLM`` if the estimator
+    reads values, and no critic otherwise."""
 
     policy: nn.Module
     reference: nn.Module | None
     critic: nn.Module | None
+    has_reference: bool = True
 
     @functools.cached_property
     def packed(self) -> bool:
@@ -230,13 +283,14 @@ def load_rollout_models(
 
 def _policy_passes(
     models: RolloutModels, inputs: dict, response: torch.Tensor, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(logprobs, entropy, values), each (b, Tr), of the policy and the critic for one chunk."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(logprobs, entropy, values), each (b, Tr), of the policy and the critic for one chunk;
+    values None without either a critic or a value head."""
     logprobs, logits, values = response_logprobs(models.policy, inputs, response, temperature)
     entropy = entropy_from_logits(logits)  # (b, Tr)
     if models.critic is not None:
         values = critic_values(models.critic, inputs, response.shape[1])  # (b, Tr)
-    return logprobs, entropy, values.float()
+    return logprobs, entropy, None if values is None else values.float()
 
 
 def _reference_logprobs(
@@ -252,18 +306,20 @@ def _reference_logprobs(
 
 @dataclass
 class ExperienceMaker:
-    """What makes PPO experience, in one object: the models, the scorer, the tokenizer, the
-    settings and the runtime (device, precision, passes side by side on a CPU).
+    """What makes experience for every RL stage, in one object: the models, the scorer, the
+    tokenizer, the settings and the runtime (device, precision, passes side by side on a CPU).
 
     ``make(query, query_mask)`` is one batch of experience, as a numbered recipe:
     1. sample a response per prompt from the policy;
     2. one no-grad pass of query + response through the policy and the critic (log-probs,
        entropy, values) and, beside them, through the reference, and score the responses;
-    3. turn raw scores into the scores PPO adds (missing-EOS penalty, normalisation, clip);
+    3. turn raw scores into the scores the update uses (missing-EOS penalty, normalisation,
+       clipping);
     4. shape per-token rewards: -beta * KL each token, plus the score at the last real token;
-    5. advantages and returns by GAE, advantages whitened.
-    ``sample`` is step 1 alone: GRPO and RLOO, evaluation, best-of-n and the labelling tasks
-    draw their responses from it (``sampler`` makes a maker for that alone).
+    5. advantages by the estimator the settings name (GAE with the critic, or a group or
+       batch baseline without one), whitened if asked; groups without signal marked.
+    ``sample`` is step 1 alone: evaluation, best-of-n and the labelling tasks draw their
+    responses from it (``sampler`` makes a maker for that alone).
     """
 
     models: RolloutModels
@@ -336,21 +392,18 @@ class ExperienceMaker:
         batch = ScoreInput.from_ids(
             self.tokenizer, query, query_mask, out.response, out.response_mask
         )
-        passes = self._passes(query, query_mask, out, batch)  # 2
+        policy_pass = settings.policy_pass or settings.has_critic or kl_coef > 0
+        passes = self._passes(query, query_mask, out, batch, policy_pass)  # 2
         logprobs, entropy, values, ref_logprobs, raw_scores, timings["score"] = passes
         timings["forward"] = time.perf_counter() - started
         moments = moments or RunningMoments()
         scores = process_scores(raw_scores, out.eos_emitted, settings.scores, moments)  # 3
-        rewards, kl = shape_rewards(  # 4: (B, Tr) each
-            scores, logprobs, ref_logprobs, out.response_mask, kl_coef, settings.kl_estimator
-        )
         mask = out.response_mask
-        lam = settings.lam
-        if settings.estimator == "sequence":  # V(prompt), read at the first response token
-            values, lam = values[:, :1].expand_as(values) * (mask != 0), 1.0
-        advantages, returns = gae(rewards, values, mask, settings.gamma, lam)  # 5
-        if settings.whiten_advantages:  # over the whole batch, on every process
-            advantages = masked_whiten(advantages, mask, reduce=sum_over_ranks)
+        if logprobs is None or ref_logprobs is None:  # no KL measured: the score alone
+            kl_coef = 0.0
+        rewards, kl = self._rewards(scores, logprobs, ref_logprobs, mask, kl_coef)  # 4
+        step5 = estimate_advantages(settings, scores, kl, kl_coef, rewards, values, mask)  # 5
+        advantages, returns, values = step5
         return Rollout(
             query=query,
             query_mask=query_mask,
@@ -369,14 +422,32 @@ class ExperienceMaker:
             eos_emitted=out.eos_emitted,
             prompts=batch.prompts,
             responses=batch.responses,
+            kept=varied_groups(scores, settings.group_size)
+            if settings.skip_uniform_groups
+            else None,
             timings=timings,
         )
 
+    def _rewards(self, scores, logprobs, ref_logprobs, mask, kl_coef) -> tuple:
+        """Step 4: (rewards, kl), (B, Tr) each; kl None where a log-prob is missing (no
+        reference, or no policy pass), the rewards then the score alone."""
+        if logprobs is None or ref_logprobs is None:
+            zeros = torch.zeros(mask.shape, device=mask.device)
+            return shape_rewards(scores, zeros, zeros, mask, 0.0)[0], None
+        estimator = self.settings.kl_estimator
+        return shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef, estimator)
+
     def _passes(
-        self, query: torch.Tensor, query_mask: torch.Tensor, out: GenerationOutput, batch
+        self,
+        query: torch.Tensor,
+        query_mask: torch.Tensor,
+        out: GenerationOutput,
+        batch,
+        policy_pass: bool,
     ) -> tuple:
         """Step 2: (logprobs, entropy, values, ref_logprobs) (B, Tr) each, raw scores (B,) and
-        the scorer's seconds. The policy and critic passes run beside the reference pass and
+        the scorer's seconds; the first three None without ``policy_pass``, ref_logprobs None
+        without a reference. The policy and critic passes run beside the reference pass and
         the scorer when the runtime says so, each side on half the CPU's threads
         (``parallel.py``): the same numbers, sooner (docs/ppo.md). A LoRA policy, whose
         reference is the same module with its adapter off, runs them in turn."""
@@ -390,21 +461,74 @@ class ExperienceMaker:
             for r in rows
         ]
 
-        def policy_side() -> list[torch.Tensor]:  # logprobs, entropy, values
+        def policy_side() -> list[torch.Tensor | None]:  # logprobs, entropy, values
+            if not policy_pass:
+                return [None, None, None]
             with self.runtime.autocast():
                 parts = [_policy_passes(models, *chunk, temperature) for chunk in chunks]
-            return [torch.cat(p) for p in zip(*parts, strict=True)]
+            return [None if p[0] is None else torch.cat(p) for p in zip(*parts, strict=True)]
 
-        def reference_side() -> tuple[torch.Tensor, torch.Tensor, float]:
+        def reference_side() -> tuple[torch.Tensor | None, torch.Tensor, float]:
+            ref = None
             with self.runtime.autocast():
-                ref = [_reference_logprobs(models, *chunk, temperature) for chunk in chunks]
+                if models.has_reference:
+                    parts = [_reference_logprobs(models, *chunk, temperature) for chunk in chunks]
+                    ref = torch.cat(parts)
                 scoring = time.perf_counter()
                 raw = self.scorer(batch)  # (B,)
-            return torch.cat(ref), raw, time.perf_counter() - scoring
+            return ref, raw, time.perf_counter() - scoring
 
-        side_by_side = self.runtime.side_by_side and models.reference is not None
+        side_by_side = self.runtime.side_by_side and models.reference is not None and policy_pass
         policy, reference = run_parallel([policy_side, reference_side], enabled=side_by_side)
         return (*policy, *reference)
+
+
+def estimate_advantages(
+    settings: RolloutSettings,
+    scores: torch.Tensor,
+    kl: torch.Tensor | None,
+    kl_coef: float,
+    rewards: torch.Tensor,
+    values: torch.Tensor | None,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Step 5 of ``ExperienceMaker.make``: (advantages, returns, values), (B, Tr) each, by
+    ``settings.estimator``; returns and values None without a critic.
+
+    ``scores`` (B,) are the processed scores, ``kl`` (B, Tr) the per-token KL estimate (None
+    where none was measured), ``kl_coef`` its weight in the ``rewards`` (B, Tr), ``values``
+    (B, Tr) the critic's. The group estimators take each response's score less kl_coef x its
+    summed KL (its total reward)."""
+    if settings.estimator in GROUP_ESTIMATORS:
+        totals = scores if kl is None or kl_coef == 0 else scores - kl_coef * kl.sum(1)
+        if settings.estimator == "rloo":
+            per_response = rloo_advantages(totals, settings.group_size)  # (B,)
+        else:
+            per_response = group_advantages(totals, settings.group_size, settings.scale_by_std)
+        advantages = per_response[:, None].expand(mask.shape)  # (B, Tr)
+        return _whitened(settings, advantages, mask), None, None
+    if settings.estimator == "reinforce++":  # over this batch: its returns' own moments
+        return reinforce_pp_advantages(rewards, mask), None, None
+    lam = settings.lam
+    if settings.estimator == "sequence":  # V(prompt), read at the first response token
+        values, lam = values[:, :1].expand_as(values) * (mask != 0), 1.0
+    advantages, returns = gae(rewards, values, mask, settings.gamma, lam)
+    return _whitened(settings, advantages, mask), returns, values
+
+
+def _whitened(settings: RolloutSettings, advantages: torch.Tensor, mask: torch.Tensor):
+    """``advantages`` whitened over the whole batch, on every process, if ``settings`` ask."""
+    if not settings.whiten_advantages:
+        return advantages
+    return masked_whiten(advantages, mask, reduce=sum_over_ranks)
+
+
+def varied_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B,) bool: True for the rows of the groups (``group_size`` contiguous rows) whose
+    ``scores`` (B,) differ."""
+    grouped = scores.view(-1, group_size)  # (P, k)
+    varied = grouped.amax(dim=1) > grouped.amin(dim=1)  # (P,)
+    return varied.repeat_interleave(group_size)
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -418,19 +542,29 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     )
 
 
-def rollout_stats(rollout: Rollout) -> dict[str, float]:
-    """What a PPO run should show per iteration about its experience."""
+def rollout_stats(rollout: Rollout, group_size: int = 1) -> dict[str, float]:
+    """What an RL run should show per iteration about its experience; with groups of
+    ``group_size`` responses per prompt, how much their scores differ too."""
     mask = rollout.response_mask
-    return {
+    stats = {
         "score/mean": rollout.raw_scores.mean().item(),
         "score/std": rollout.raw_scores.std().item() if len(rollout) > 1 else 0.0,
         "score/processed_mean": rollout.scores.mean().item(),
-        # KL(pi || ref) per response: summed over its tokens, averaged over the batch.
-        "kl/ref": rollout.kl.sum(1).mean().item(),
         "reward/total": rollout.rewards.sum(1).mean().item(),
-        "policy/entropy": masked_mean(rollout.entropy, mask).item(),
-        "value/explained_variance": explained_variance(rollout.values, rollout.returns, mask),
+        "advantage/abs_mean": masked_mean(rollout.advantages.abs(), mask).item(),
         "response/length": mask.sum(1).float().mean().item(),
         "response/eos_rate": rollout.eos_emitted.float().mean().item(),
         **{f"time/{phase}": seconds for phase, seconds in rollout.timings.items()},
     }
+    if rollout.kl is not None:  # KL(pi || ref) per response: summed over its tokens
+        stats["kl/ref"] = rollout.kl.sum(1).mean().item()
+    if rollout.entropy is not None:
+        stats["policy/entropy"] = masked_mean(rollout.entropy, mask).item()
+    if rollout.values is not None:
+        variance = explained_variance(rollout.values, rollout.returns, mask)
+        stats["value/explained_variance"] = variance
+    if group_size > 1:
+        group_std = rollout.raw_scores.view(-1, group_size).std(dim=1)  # (P,)
+        stats["score/group_std"] = group_std.mean().item()
+        stats["score/groups_without_signal"] = (group_std == 0).float().mean().item()
+    return stats

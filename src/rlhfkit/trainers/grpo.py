@@ -1,4 +1,4 @@
-"""Critic-free RL on the shared loop: GRPO and RLOO with group baselines instead of a critic.
+"""Critic-free RL on the shared loop: GRPO, RLOO and REINFORCE++, baselines instead of a critic.
 
 - GRPO: Shao et al. 2024, "DeepSeekMath", sec. 4.1 (outcome supervision): sample a group of
   k responses per prompt, advantage = (score - group mean) / group std, the same for every
@@ -6,31 +6,38 @@
   loss with weight beta (not folded into the reward as in PPO). ``scale_rewards=False`` is
   Dr. GRPO (Liu et al. 2025): centre only.
 - RLOO: Ahmadian et al. 2024, "Back to Basics": the baseline of each response is the mean
-  score of the other k - 1 in its group (``ops.advantages.rloo_advantages``).
+  score of the other k - 1 in its group.
+- REINFORCE++: Hu 2025: no group; each token's return, the KL penalty in the rewards as PPO
+  has it, whitened over the micro-batch.
 
-Every formula comes from ``ops`` (group advantages, ``ppo_policy_loss``, ``kl_k3``), sampling
-from the experience maker (``rollout.ExperienceMaker.sample``), scoring from ``rewards``.
+An iteration is PPO's, without the critic: the experience maker (``rollout.ExperienceMaker``)
+samples, scores and computes the advantages by the estimator the config names, and the update
+(``ppo_update``) makes ``num_iterations`` passes over the experience, one optimiser step per
+``gradient_accumulation_steps`` micro-batches, with the one policy loss every RL stage has.
+With the defaults (one pass, one step per iteration) the update's own forward pass gives the
+"old" log-probs (the ratio is 1 and the clip inactive: the gradient is the policy gradient of
+the clipped objective at the sampling point, and the experience needs no policy pass of its
+own), as TRL's ``GRPOTrainer`` with ``num_iterations=1``. More passes or steps per generation
+run the policy's pass while making experience, and the clip acts.
 
-Data parallel: each process takes its own prompts and samples their whole groups (a group
-never spans processes), from a stream seeded by the batch's place in the data, so N processes
-with a micro-batch each sample and learn what one process with N accumulated micro-batches
-does.
-
-One optimiser step per sampled batch, as TRL's ``GRPOTrainer`` with ``num_iterations=1``:
-each micro-batch samples its own groups from the current policy, so the "old" log-probs of
-the ratio are the current ones detached (the ratio is 1 and the clip is inactive; the
-gradient is the policy gradient of the clipped objective at the sampling point, and the
-sampling forward pass is saved). By default the loss is averaged over all response tokens of
+The experience is made, and the loss aggregated, per micro-batch of ``batch_size`` prompts
+x ``num_generations`` responses: by default the loss is averaged over all response tokens of
 the micro-batch (TRL's ``loss_type="bnpo"``, and its default "dapo" with one micro-batch on
 one process); ``loss_aggregation`` also gives DeepSeekMath's mean of per-sequence means and
 Dr. GRPO's constant normaliser (``ops.losses.aggregate_token_loss``), and
 ``skip_uniform_groups`` leaves groups without signal out of the loss (DAPO). Rewards from a
 reward model are read at the EOS the policy emitted, as the reward model was trained; TRL's
 GRPO scores the text without EOS.
+
+Data parallel: each process takes its own prompts and samples their whole groups (a group
+never spans processes), from a stream seeded by the batch's place in the data, so N processes
+with a micro-batch each sample and learn what one process with N accumulated micro-batches
+does.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -43,40 +50,20 @@ from torch import nn
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import PromptCollator, load_prompts
-from rlhfkit.experience.rewards import (
-    RunningMoments,
-    ScoreOptions,
-    process_scores,
-    shape_rewards,
-)
-from rlhfkit.experience.rollout import (
-    ExperienceMaker,
-    RolloutModels,
-    RolloutSettings,
-    require_finite_values,
-)
+from rlhfkit.experience.rewards import RunningMoments
+from rlhfkit.experience.rollout import ExperienceMaker, Rollout, RolloutModels, rollout_stats
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import ScoreInput, Scorer, prepare_scorer
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-from rlhfkit.models.passes import response_logprobs, sequence_inputs
-from rlhfkit.ops.advantages import group_advantages, reinforce_pp_advantages, rloo_advantages
-from rlhfkit.ops.logprobs import entropy_from_logits
-from rlhfkit.ops.losses import aggregate_token_loss, kl_k3, ppo_policy_loss
-from rlhfkit.ops.masks import masked_mean, masked_sum
+from rlhfkit.ops.masks import masked_mean
 from rlhfkit.runtime.distributed import stream_seed
 from rlhfkit.runtime.packing import enable_packing
 from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.loop import WATCH_RL, Batch
+from rlhfkit.trainers.loop import WATCH_RL, Batch, accumulate
 from rlhfkit.trainers.policy import PolicyTrainer
+from rlhfkit.trainers.ppo_update import MinibatchLearner, policy_loss, update_learners
 
 logger = logging.getLogger(__name__)
-
-
-def group_baseline_advantages(scores: torch.Tensor, config: GRPOConfig) -> torch.Tensor:
-    """(B,) advantages of contiguous groups of ``num_generations`` scores, per ``advantage``."""
-    if config.advantage == "rloo":
-        return rloo_advantages(scores, config.num_generations)
-    return group_advantages(scores, config.num_generations, scale_by_std=config.scale_rewards)
 
 
 class GRPOTrainer(PolicyTrainer):
@@ -128,17 +115,32 @@ class GRPOTrainer(PolicyTrainer):
                 if policy_or_reference is not None:
                     enable_packing(policy_or_reference)
         scorer = prepare_scorer(scorer, self.runtime, config.padding_free)
-        settings = RolloutSettings(
-            sampling=config.sampling,
-            scores=ScoreOptions.of(config),
-        )
-        models = RolloutModels(self.unwrapped_model, self.reference, None)
+        has_reference = config.beta > 0
+        models = RolloutModels(self.unwrapped_model, self.reference, None, has_reference)
+        settings = config.rollout_settings
         self.maker = ExperienceMaker(models, scorer, tokenizer, settings, self.runtime)
         # The policy's and the reference's passes take packed inputs only if both can.
         self.packed = models.packed
         self.eval_prompts = list(eval_prompts)
         self.sample_generator = torch.Generator(self.accelerator.device)
         self.moments = RunningMoments()  # of every score seen, for score_normalize
+        self.learner = MinibatchLearner(
+            self.learners[self.learner_name],
+            self.policy_loss,
+            config.gradient_accumulation_steps,
+            self.runtime.autocast,
+            functools.partial(self.no_sync, self.model),
+        )
+
+    def count_total_steps(self) -> int:
+        """Iterations of the run: each takes ``micro_batches_per_iteration`` micro-batches."""
+        if self.config.max_steps is not None:
+            return self.config.max_steps
+        micro_batches = self.config.num_epochs * self.batches_per_epoch
+        return max(micro_batches // self.config.micro_batches_per_iteration, 1)
+
+    def count_optimizer_steps(self) -> int:
+        return self.state.total_steps * self.config.optimizer_steps_per_iteration
 
     def next_batch(self) -> Batch:
         """The next prompts, with the seed of their samples (``sample_seed``), drawn from their
@@ -171,121 +173,66 @@ class GRPOTrainer(PolicyTrainer):
         )
         return batch, out.eos_emitted
 
-    def reference_logprobs(self, inputs: dict[str, torch.Tensor], response: torch.Tensor):
-        """(B, Tr) log ref(token) of the response tokens, without gradient."""
-        temperature = self.config.temperature
-        with torch.no_grad(), self.reference_model() as reference:
-            return response_logprobs(reference, inputs, response, temperature).logprobs
-
-    # ----------------------------------------------------------------- loss
-    def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Sample k responses per prompt, score, group advantages, clipped loss + beta * k3."""
+    # ----------------------------------------------------------------- one iteration
+    def train_step(self) -> dict[str, float]:
+        """One iteration: experience from the next ``micro_batches_per_iteration`` batches of
+        prompts, then ``num_iterations`` passes over it in order, one optimiser step per
+        ``gradient_accumulation_steps`` micro-batches. Returns the mean statistics."""
         cfg = self.config
         started = time.perf_counter()
+        count = cfg.micro_batches_per_iteration
+        rollouts = [self.make_experience(self.next_batch()) for _ in range(count)]
+        update_started = time.perf_counter()
+        self.model.train()
+        # A micro-batch's loss is its own token mean: each counts alike (weight 1).
+        size = cfg.gradient_accumulation_steps
+        minibatches = [[(r, 1.0) for r in rollouts[i : i + size]] for i in range(0, count, size)]
+        metrics = update_learners([self.learner], minibatches * cfg.num_iterations, False)
+        for rollout in rollouts:
+            stats = rollout_stats(rollout, cfg.num_generations)
+            accumulate(metrics, stats, 1 / len(rollouts))
+        metrics["time/update"] = time.perf_counter() - update_started
+        metrics["time/iteration"] = time.perf_counter() - started
+        self._log_samples(rollouts[0])
+        return metrics
+
+    def make_experience(self, batch: Batch) -> Rollout:
+        """``num_generations`` responses per prompt of ``batch`` (groups contiguous), scored,
+        with their advantages: one micro-batch of experience, checked finite."""
+        cfg = self.config
         k = cfg.num_generations
-        query = batch["query"].repeat_interleave(k, dim=0)  # (B, Tq), groups contiguous
+        query = batch["query"].repeat_interleave(k, dim=0)  # (B, Tq)
         query_mask = batch["query_mask"].repeat_interleave(k, dim=0)  # (B, Tq)
         if "sample_seed" in batch:  # from next_batch; other batches draw on where it stands
             self.sample_generator.manual_seed(batch["sample_seed"])
-        samples, eos_emitted = self.sample(query, query_mask, self.sample_generator)
-        generated = time.perf_counter()
-        raw_scores = self.scorer(samples)  # (B,)
-        options = self.maker.settings.scores
-        scores = process_scores(raw_scores, eos_emitted, options, self.moments)
-
-        response, mask = samples.response, samples.response_mask  # (B, Tr) each
-        inputs = sequence_inputs(query, query_mask, response, mask, packed=self.packed)
-        logprobs, logits, _ = response_logprobs(self.model, inputs, response, cfg.temperature)
-        ref_logprobs = None
-        if cfg.beta > 0:
-            ref_logprobs = self.reference_logprobs(inputs, response)  # (B, Tr)
-        token_advantages = self._advantages(scores, logprobs.detach(), ref_logprobs, mask)
-        advantages = masked_mean(token_advantages, mask, dim=1)  # (B,) for the logs
-        require_finite_values("scores", scores)
-        require_finite_values("advantages", advantages)
-        loss_mask = self._loss_mask(scores, mask)  # (B, Tr)
-        aggregation = {"aggregation": cfg.loss_aggregation, "max_tokens": cfg.max_new_tokens}
-        # One step per sample: the sampling policy is the current one, so old = current.
-        loss, pg_stats = ppo_policy_loss(
-            logprobs, logprobs.detach(), token_advantages, loss_mask, cfg.clip_range, **aggregation
+        rollout = self.maker.make(
+            query,
+            query_mask,
+            kl_coef=cfg.beta if cfg.kl_in_rewards else 0.0,
+            moments=self.moments,
+            generator=self.sample_generator,
         )
-        metrics: dict[str, Any] = {"loss/policy": loss.detach()}
-        if ref_logprobs is not None:
-            if not cfg.kl_in_rewards:
-                kl_terms = kl_k3(logprobs, ref_logprobs)  # (B, Tr)
-                if cfg.kl_importance_weight:  # 1 in value; the gradient becomes k1's
-                    kl_terms = kl_terms * torch.exp(logprobs - logprobs.detach())
-                kl = aggregate_token_loss(kl_terms, loss_mask, **aggregation)
-                loss = loss + cfg.beta * kl
-                metrics["loss/kl_k3"] = kl.detach()
-            # Per response, summed over tokens, k1: the same number PPO logs as kl/ref.
-            metrics["kl/ref"] = masked_sum(logprobs.detach() - ref_logprobs, mask) / len(mask)
-        with torch.no_grad():
-            metrics["policy/entropy"] = masked_mean(entropy_from_logits(logits.detach()), mask)
-        metrics.update(self._sample_stats(raw_scores, advantages, mask, eos_emitted, pg_stats))
-        metrics["time/generate"] = generated - started
-        metrics["time/update_forward"] = time.perf_counter() - generated
-        self._log_samples(samples, raw_scores, advantages)
-        return loss, metrics
+        rollout.check_finite()
+        return rollout
 
-    def _advantages(self, scores, logprobs, ref_logprobs, mask) -> torch.Tensor:
-        """(B, Tr) advantages of the response tokens from the processed ``scores`` (B,).
-
-        A group baseline gives each token its response's advantage; with the KL in the
-        rewards each score first loses beta x its response's k1 KL. REINFORCE++ spreads the
-        rewards over the tokens as PPO does (-beta x k1 per token, the score at the last) and
-        whitens each token's return over the micro-batch."""
+    def policy_loss(self, mb: Rollout, weight: float = 1.0) -> tuple[torch.Tensor, dict]:
+        """The loss of one micro-batch of experience (``ppo_update.policy_loss``)."""
         cfg = self.config
-        if cfg.advantage == "reinforce++":
-            beta = cfg.beta if ref_logprobs is not None else 0.0
-            reference = logprobs if ref_logprobs is None else ref_logprobs
-            rewards, _ = shape_rewards(scores, logprobs, reference, mask, beta, "k1")
-            return reinforce_pp_advantages(rewards, mask)
-        if cfg.kl_in_rewards and ref_logprobs is not None:
-            scores = scores - cfg.beta * masked_sum(logprobs - ref_logprobs, mask, 1)
-        advantages = group_baseline_advantages(scores, cfg)  # (B,)
-        return advantages[:, None].expand_as(logprobs)
+        loss, stats, _ = policy_loss(self.model, mb, cfg.loss_settings, cfg.beta, self.packed)
+        return weight * loss, stats
 
-    def _loss_mask(self, scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The response mask (B, Tr) of the tokens in the loss: all of them, or with
-        ``skip_uniform_groups`` those of the groups whose scores differ."""
-        if not self.config.skip_uniform_groups:
-            return mask
-        grouped = scores.view(-1, self.config.num_generations)  # (P, k)
-        varied = grouped.amax(dim=1) > grouped.amin(dim=1)  # (P,)
-        keep = varied.repeat_interleave(self.config.num_generations)  # (B,)
-        return mask * keep[:, None].to(mask.dtype)
-
-    def _sample_stats(self, raw_scores, advantages, mask, eos_emitted, pg_stats) -> dict:
-        """Metrics named as PPO's (`rollout.rollout_stats`) where they mean the same."""
-        grouped = raw_scores.view(-1, self.config.num_generations)  # (P, k)
-        group_std = grouped.std(dim=1)  # (P,)
-        return {
-            "score/mean": raw_scores.mean(),
-            "score/std": raw_scores.std(),
-            "score/group_std": group_std.mean(),
-            "score/groups_without_signal": (group_std == 0).float().mean(),
-            "advantage/abs_mean": advantages.abs().mean(),
-            "response/length": mask.sum(1).float().mean(),
-            "response/eos_rate": eos_emitted.float().mean(),
-            "policy/clipfrac": pg_stats["clipfrac"],
-            "policy/ratio": pg_stats["ratio"],
-        }
-
-    def _log_samples(self, samples: ScoreInput, scores, advantages) -> None:
+    def _log_samples(self, rollout: Rollout) -> None:
         """Sample texts every `sample_every` steps (first micro-batch), so hacking is seen."""
         step = self.state.step + 1
         if self.tracker is None or (step != 1 and step % self.config.sample_every):
             return
-        if getattr(self, "_samples_logged_at", None) == step:
-            return
-        self._samples_logged_at = step
-        n = min(self.config.num_samples, len(samples.prompts))
+        n = min(self.config.num_samples, len(rollout))
+        advantages = masked_mean(rollout.advantages, rollout.response_mask, dim=1)  # (B,)
         rows = [
             {
-                "prompt": samples.prompts[i],
-                "response": samples.responses[i],
-                "score": float(scores[i]),
+                "prompt": rollout.prompts[i],
+                "response": rollout.responses[i],
+                "score": float(rollout.raw_scores[i]),
                 "advantage": float(advantages[i]),
             }
             for i in range(n)

@@ -1,5 +1,13 @@
 """`GRPOConfig` and `RLOOConfig`: the settings of critic-free RL with group baselines
-(trained by `trainers/grpo.py`)."""
+(trained by `trainers/grpo.py`).
+
+Batch vocabulary: a micro-batch is `batch_size` prompts, each answered `num_generations`
+times; an iteration (a step of the loop) samples `steps_per_generation` x
+`gradient_accumulation_steps` micro-batches, then makes `num_iterations` passes over them,
+one optimiser step per `gradient_accumulation_steps` micro-batches. With the defaults (1 and
+1) an iteration is one optimiser step on freshly sampled responses, as TRL's GRPOTrainer
+with `num_iterations=1`.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +24,16 @@ from rlhfkit.config import (
     TrainConfig,
     require,
 )
+from rlhfkit.experience.rewards import ScoreOptions
+from rlhfkit.experience.rollout import RolloutSettings
+from rlhfkit.trainers.ppo_update import PolicyLossSettings
 
 
 @dataclass
 class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
     """Critic-free RL with group baselines: GRPO (Shao et al. 2024) or RLOO (Ahmadian et al.
-    2024). One optimiser step per sampled batch: `batch_size` prompts per micro-batch, each
-    answered `num_generations` times."""
+    2024), and REINFORCE++ (Hu 2025): `batch_size` prompts per micro-batch, each answered
+    `num_generations` times; by default one optimiser step per sampled batch."""
 
     model: str = "runs/sft/final"
     """Policy to start from (the SFT model); also the frozen reference of the KL term."""
@@ -60,8 +71,21 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
     kl_in_reward: bool = False
     """Put the KL in the scores instead of the loss: each response's score less beta x its k1
     KL summed over its tokens, before the group baseline (as PPO puts it in the rewards)."""
+    num_iterations: int = 1
+    """Passes of the update over each iteration's responses (TRL's num_iterations; PPO's
+    ppo_epochs): from the second on, the ratio to the sampling policy moves from 1 and the
+    clip acts."""
+    steps_per_generation: int = 1
+    """Optimiser steps per pass over an iteration's responses: each iteration samples this
+    many steps' worth of micro-batches at once, and the later steps learn from responses of
+    an older policy (the clip acts)."""
     clip_range: float = 0.2
-    """Policy ratio clip range epsilon of the clipped objective."""
+    """Policy ratio clip range epsilon of the clipped objective (below 1, and above unless
+    `clip_range_high` is set)."""
+    clip_range_high: float | None = None
+    """Upper clip range: the ratio is clipped to [1 - clip_range, 1 + clip_range_high]
+    (DAPO's clip-higher, e.g. 0.28 with clip_range 0.2); None = clip_range. Acts only with
+    num_iterations or steps_per_generation above 1."""
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
     """How the per-token loss reduces over a micro-batch: 'token_mean' (every response token
     weighs the same; DAPO), 'sequence_mean' (each response's token mean, then their mean;
@@ -93,6 +117,10 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
         require(self, "num_generations", self.num_generations >= 2, "an integer >= 2")
         require(self, "beta", 0 <= self.beta < math.inf, "a number >= 0")
         require(self, "clip_range", 0 < self.clip_range < math.inf, "a number > 0")
+        high = self.clip_range_high
+        require(self, "clip_range_high", high is None or 0 < high < math.inf, "None or > 0")
+        for name in ("num_iterations", "steps_per_generation"):
+            require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         require(
             self,
             "reference",
@@ -109,6 +137,44 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
     def rollout_size(self) -> int:
         """Responses sampled per micro-batch: batch_size prompts x num_generations."""
         return self.batch_size * self.num_generations
+
+    @property
+    def micro_batches_per_iteration(self) -> int:
+        """Micro-batches of prompts one iteration samples, on each process."""
+        return self.steps_per_generation * self.gradient_accumulation_steps
+
+    @property
+    def optimizer_steps_per_iteration(self) -> int:
+        return self.steps_per_generation * self.num_iterations
+
+    @property
+    def rollout_settings(self) -> RolloutSettings:
+        """How each micro-batch's experience is made: no critic, the baseline of `advantage`,
+        the KL in the scores where `kl_in_rewards`; the policy's own no-grad pass only where
+        the update is not one step from the sampling policy."""
+        return RolloutSettings(
+            sampling=self.sampling,
+            estimator=self.advantage,
+            group_size=self.num_generations,
+            scale_by_std=self.scale_rewards,
+            skip_uniform_groups=self.skip_uniform_groups,
+            whiten_advantages=False,
+            policy_pass=self.optimizer_steps_per_iteration > 1,
+            scores=ScoreOptions.of(self),
+        )
+
+    @property
+    def loss_settings(self) -> PolicyLossSettings:
+        """The policy objective: the KL in the loss unless it is in the rewards."""
+        return PolicyLossSettings(
+            temperature=self.temperature,
+            clip_range=self.clip_range,
+            clip_range_high=self.clip_range_high,
+            aggregation=self.loss_aggregation,
+            max_tokens=self.max_new_tokens,
+            kl_in_loss=not self.kl_in_rewards,
+            kl_importance_weight=self.kl_importance_weight,
+        )
 
 
 @dataclass

@@ -60,18 +60,21 @@ from rlhfkit.models.passes import (
     causal_lm,
     critic_values,
     labelled_logprobs,
-    response_logprobs,
     sequence_inputs,
 )
-from rlhfkit.ops.logprobs import entropy_from_logits
-from rlhfkit.ops.losses import kl_k3, ppo_policy_loss, ppo_value_loss
+from rlhfkit.ops.losses import ppo_value_loss
 from rlhfkit.ops.masks import masked_mean
 from rlhfkit.runtime.distributed import mean_over_ranks, rank_seed
 from rlhfkit.runtime.sharding import shard
 from rlhfkit.trainers.loop import WATCH_RL, Stream, Trainer, accumulate
 from rlhfkit.trainers.optim import Learner
 from rlhfkit.trainers.ppo_config import PPOConfig
-from rlhfkit.trainers.ppo_update import MinibatchLearner, shuffled_minibatches, update_learners
+from rlhfkit.trainers.ppo_update import (
+    MinibatchLearner,
+    policy_loss,
+    shuffled_minibatches,
+    update_learners,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -245,37 +248,18 @@ class PPOTrainer(Trainer):
     def _policy_loss(
         self, mb: Rollout, token_weight: float
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The clipped policy loss of one micro-batch, minus the entropy bonus (and plus the
-        value loss when the critic is a value head on the policy's trunk), these token means
-        times ``token_weight`` (``ppo_update.token_weights``); plus ptx."""
+        """The policy loss of one micro-batch (``ppo_update.policy_loss``: clipped surrogate,
+        the KL term where it is in the loss, the entropy bonus), plus the value loss when the
+        critic is a value head on the policy's trunk, these token means times
+        ``token_weight`` (``ppo_update.token_weights``); plus ptx."""
         cfg = self.config
-        inputs = sequence_inputs(*mb.sequences, packed=self.models.packed)
-        mb_logprobs, logits, values = response_logprobs(
-            self.model, inputs, mb.response, cfg.temperature
-        )  # (b, Tr), (b, Tr, V), (b, Tr) or None
-        mask = mb.response_mask
-        loss, pg_stats = ppo_policy_loss(
-            mb_logprobs, mb.logprobs, mb.advantages, mask, cfg.clip_range, cfg.clip_range_high
+        loss, stats, values = policy_loss(
+            self.model, mb, cfg.loss_settings, self.kl_controller.value, self.models.packed
         )
-        stats = {
-            "loss/policy": loss.item(),
-            "policy/approx_kl": pg_stats["approx_kl"].item(),
-            "policy/clipfrac": pg_stats["clipfrac"].item(),
-            "policy/ratio": pg_stats["ratio"].item(),
-        }
-        if cfg.kl_in_loss:
-            kl = masked_mean(kl_k3(mb_logprobs, mb.ref_logprobs), mask)
-            loss = loss + self.kl_controller.value * kl
-            stats["loss/kl_k3"] = kl.item()
         if values is not None:
             value_loss, value_stats = self._value_loss(values, mb)
             loss = loss + value_loss
             stats |= value_stats
-        if cfg.entropy_coef > 0:
-            # Without a bonus the rollout's entropy is all that is logged: no (b, Tr, V) pass.
-            entropy = masked_mean(entropy_from_logits(logits), mask)
-            loss = loss - cfg.entropy_coef * entropy
-            stats["loss/entropy"] = entropy.item()
         loss = token_weight * loss
         if cfg.ptx_coef > 0:
             ptx_loss = self._ptx_loss()

@@ -31,6 +31,7 @@ from rlhfkit.errors import UsageError
 from rlhfkit.experience.rewards import ScoreOptions
 from rlhfkit.experience.rollout import RolloutSettings
 from rlhfkit.models.loading import same_tokenizer, saved_tokenizer
+from rlhfkit.trainers.ppo_update import PolicyLossSettings
 
 
 @dataclass
@@ -205,6 +206,17 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
             whiten_advantages=self.whiten_advantages,
             scores=ScoreOptions.of(self),
             forward_batch_size=self.forward_batch_size,
+        )
+
+    @property
+    def loss_settings(self) -> PolicyLossSettings:
+        """The policy objective of the update."""
+        return PolicyLossSettings(
+            temperature=self.temperature,
+            clip_range=self.clip_range,
+            clip_range_high=self.clip_range_high,
+            kl_in_loss=self.kl_in_loss,
+            entropy_coef=self.entropy_coef,
         )
 
     @property

@@ -1,4 +1,11 @@
-"""The PPO update's schedule: each trained model takes one optimiser step per minibatch.
+"""The update of every RL stage: PPO's clipped policy loss on a micro-batch of experience,
+and the schedule on which each trained model takes one optimiser step per minibatch.
+
+``policy_loss`` is the one policy objective (PPO, GRPO, RLOO, REINFORCE++ alike): the clipped
+surrogate with its clip range below and above 1, aggregated over tokens as the stage says,
+plus, where the stage puts the KL in the loss rather than in the rewards, beta x the k3
+estimate; minus an entropy bonus. Where the update is the first pass of the policy over the
+experience (one step from the sampling policy) pi_old is that pass, detached.
 
 A ``MinibatchLearner`` is one ``Learner`` (a trained model with its own AdamW and schedule:
 the policy, or the separate critic) with its loss. With a separate critic the two share nothing but the minibatches
@@ -26,6 +33,10 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 
 from rlhfkit.experience.rollout import Rollout
+from rlhfkit.models.passes import response_logprobs, sequence_inputs
+from rlhfkit.ops.logprobs import entropy_from_logits
+from rlhfkit.ops.losses import aggregate_token_loss, kl_k3, ppo_policy_loss
+from rlhfkit.ops.masks import masked_mean, masked_sum
 from rlhfkit.runtime.distributed import shares_over_ranks
 from rlhfkit.runtime.parallel import run_parallel
 from rlhfkit.trainers.loop import accumulate
@@ -37,6 +48,78 @@ POLICY_SHARE_BESIDE_CRITIC = 0.8
 
 LossFn = Callable[[Rollout, float], tuple[torch.Tensor, dict[str, float]]]
 Minibatch = list[tuple[Rollout, float]]  # micro-batches, each with its token weight
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossSettings:
+    """The policy objective as a stage's config sets it.
+
+    Attributes:
+        temperature: the sampling temperature, at which the log-probs are read.
+        clip_range, clip_range_high: the ratio's clip bounds [1 - low, 1 + high]; high None
+            = low (DAPO's clip-higher sets it above).
+        aggregation, max_tokens: how per-token terms reduce (``ops.losses.aggregate_token_loss``).
+        kl_in_loss: add kl_coef x the k3 KL to the loss (GRPO), instead of penalising the
+            rewards (PPO).
+        kl_importance_weight: weight each k3 term by pi / pi_old (1 in value; the gradient
+            becomes that of KL(pi || ref) itself).
+        entropy_coef: weight of the entropy bonus; 0 computes no entropy with gradient.
+    """
+
+    temperature: float
+    clip_range: float
+    clip_range_high: float | None = None
+    aggregation: str = "token_mean"
+    max_tokens: int | None = None
+    kl_in_loss: bool = False
+    kl_importance_weight: bool = False
+    entropy_coef: float = 0.0
+
+
+def policy_loss(
+    model, mb: Rollout, settings: PolicyLossSettings, kl_coef: float, packed: bool
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None]:
+    """The policy's loss on the micro-batch ``mb`` (with gradient through ``model``), its
+    statistics, and the values of a value head on the policy's trunk (None without one)."""
+    inputs = sequence_inputs(*mb.sequences, packed=packed)
+    logprobs, logits, values = response_logprobs(
+        model, inputs, mb.response, settings.temperature
+    )  # (b, Tr), (b, Tr, V), (b, Tr) or None
+    first_pass = mb.logprobs is None  # then the update's pass is pi_old
+    old = logprobs.detach() if first_pass else mb.logprobs
+    mask = mb.loss_mask
+    aggregation = {"aggregation": settings.aggregation, "max_tokens": settings.max_tokens}
+    loss, pg_stats = ppo_policy_loss(
+        logprobs, old, mb.advantages, mask, settings.clip_range, settings.clip_range_high,
+        **aggregation,
+    )  # fmt: skip
+    stats = {"loss/policy": loss.item()} | {f"policy/{k}": v.item() for k, v in pg_stats.items()}
+    if settings.kl_in_loss and mb.ref_logprobs is not None:
+        kl_terms = kl_k3(logprobs, mb.ref_logprobs)  # (b, Tr)
+        if settings.kl_importance_weight:
+            kl_terms = kl_terms * torch.exp(logprobs - old)
+        kl = aggregate_token_loss(kl_terms, mask, **aggregation)
+        loss = loss + kl_coef * kl
+        stats["loss/kl_k3"] = kl.item()
+    if first_pass:  # what the experience's own pass would have reported
+        stats |= _first_pass_stats(logprobs, logits, mb)
+    if settings.entropy_coef > 0:
+        entropy = masked_mean(entropy_from_logits(logits), mask)
+        loss = loss - settings.entropy_coef * entropy
+        stats["loss/entropy"] = entropy.item()
+    return loss, stats, values
+
+
+@torch.no_grad()
+def _first_pass_stats(logprobs: torch.Tensor, logits: torch.Tensor, mb: Rollout) -> dict:
+    """The policy's entropy and its k1 KL to the reference (summed per response, averaged),
+    from the update's pass where it is the first over ``mb``."""
+    mask = mb.response_mask
+    stats = {"policy/entropy": masked_mean(entropy_from_logits(logits.detach()), mask).item()}
+    if mb.ref_logprobs is not None:
+        kl = masked_sum(logprobs.detach() - mb.ref_logprobs, mask) / len(mask)
+        stats["kl/ref"] = kl.item()
+    return stats
 
 
 @dataclasses.dataclass
