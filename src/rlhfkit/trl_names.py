@@ -527,10 +527,13 @@ _ONLINE: dict[str, Answer] = {
         "the passes over prompt + response pack the rows without padding (--padding_free)"
     ),
     "generation_batch_size": missing(
-        "each micro-batch samples its own groups (--batch_size "
-        "prompts x --num_generations) for one optimiser step"
+        "an iteration samples --steps_per_generation x --gradient_accumulation_steps "
+        "micro-batches, each --batch_size prompts x --num_generations responses"
     ),
-    "steps_per_generation": missing("one optimiser step per sampled batch"),
+    "steps_per_generation": same(
+        "optimiser steps per sampled batch, 1 by default (TRL's default is "
+        "gradient_accumulation_steps); the later steps learn off-policy and the clip acts"
+    ),
     "temperature": SAME,
     "top_p": same("keep 1 for RL: the log-probs ignore the filter"),
     "top_k": same("keep 0 for RL: the log-probs ignore the filter"),
@@ -558,14 +561,10 @@ _ONLINE: dict[str, Answer] = {
     "vllm_max_model_length": _VLLM,
     "vllm_tensor_parallel_size": _VLLM,
     "beta": same("the weight of the k3 KL term in the loss, 0.04 by default; 0 loads no reference"),
-    "num_iterations": missing(
-        "one update per sampled batch; for several epochs over each batch "
-        "use `rlhfkit ppo` (--ppo_epochs)"
-    ),
+    "num_iterations": same("passes of the update over each sampled batch, 1 by default"),
     "epsilon": ours("clip_range"),
-    "epsilon_high": missing(
-        "one update per sampled batch keeps the ratio at 1, so no bound acts; "
-        "`rlhfkit ppo` has DAPO's higher upper bound (--clip_range_high)"
+    "epsilon_high": ours(
+        "clip_range_high", note="acts with --num_iterations or --steps_per_generation above 1"
     ),
     "reward_weights": same("one weight per scorer: [reward_model, *reward_functions]"),
     "mask_truncated_completions": missing(
@@ -785,10 +784,7 @@ OLDER_RLOO: dict[str, Answer] = {
     "rloo_k": ours("num_generations"),
     "exp_name": missing("a run is named after --output_dir"),
     "reward_model_path": ours("reward_model"),
-    "num_ppo_epochs": missing(
-        "one update per sampled batch; for several epochs over each batch use "
-        "`rlhfkit ppo` (--ppo_epochs)"
-    ),
+    "num_ppo_epochs": ours("num_iterations"),
     "whiten_rewards": missing(
         "--score_normalize standardize normalises the scores by running statistics"
     ),
