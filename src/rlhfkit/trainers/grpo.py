@@ -59,9 +59,10 @@ from rlhfkit.ops.masks import masked_mean
 from rlhfkit.runtime.distributed import stream_seed
 from rlhfkit.runtime.packing import enable_packing
 from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.loop import WATCH_RL, Batch, accumulate
+from rlhfkit.trainers.loop import WATCH_RL, Batch
+from rlhfkit.trainers.optim import MinibatchLearner, accumulate
 from rlhfkit.trainers.policy import PolicyTrainer
-from rlhfkit.trainers.ppo_update import MinibatchLearner, policy_loss, update_learners
+from rlhfkit.trainers.ppo_update import policy_loss, update_learners
 
 logger = logging.getLogger(__name__)
 

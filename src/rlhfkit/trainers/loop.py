@@ -99,7 +99,7 @@ from rlhfkit.runtime.sharding import (
     local_optimizer_state,
 )
 from rlhfkit.tracking import Tracker, format_metrics
-from rlhfkit.trainers.optim import Learner, build_optimizer
+from rlhfkit.trainers.optim import Learner, MinibatchLearner, accumulate, build_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -131,17 +131,6 @@ class TrainerState:
     """The step of the most recent evaluation (a resumed run does not repeat it)."""
     skipped_steps: int = 0
     """Steps skipped for a loss or gradient that was not finite (`skip_nonfinite_steps`)."""
-
-
-def _scalar(value: Any) -> float:
-    """A float from a number or a (possibly grad-carrying) 0-dim tensor."""
-    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
-
-
-def accumulate(totals: dict[str, float], values: dict[str, Any], weight: float = 1.0) -> None:
-    """Add ``weight * values`` to ``totals`` key by key."""
-    for key, value in values.items():
-        totals[key] = totals.get(key, 0.0) + weight * _scalar(value)
 
 
 @functools.lru_cache(maxsize=8)
@@ -573,28 +562,32 @@ class Trainer:
         require_finite("loss", loss)
 
     def train_step(self) -> dict[str, float]:
-        """One step of the loop. Here: accumulate gradients over the micro-batches of one
-        optimiser step, clip, step. Returns the micro-batch-averaged metrics plus `grad_norm`
-        and `lr`."""
+        """One step of the loop. Here: one optimiser step over the next
+        `gradient_accumulation_steps` micro-batches (`optim.MinibatchLearner`: gradients
+        accumulated, the loss checked, clipped, stepped). Returns the micro-batch-averaged
+        metrics plus `grad_norm` and `lr`."""
         accumulation = self.config.gradient_accumulation_steps
         batches = [self.next_batch() for _ in range(accumulation)]
         weights = self.micro_batch_weights(batches)
-        totals: dict[str, float] = {}
-        for index, (batch, weight) in enumerate(zip(batches, weights, strict=True)):
-            # No gradient all-reduce until the last micro-batch. The division is done here, not
-            # by Accelerator(gradient_accumulation_steps=...): that setting is process-global
-            # state shared by every Accelerator, so two trainers would overwrite each other's.
-            last = index == accumulation - 1
-            sync = nullcontext() if last else self.no_sync(self.model)
-            with sync, self.runtime.autocast():
-                loss, metrics = self.compute_loss(batch)
-                self.accelerator.backward(loss * weight / accumulation)
-            accumulate(totals, {"loss": loss, **metrics}, 1 / accumulation)
-        self.check_loss(totals["loss"])
-        stats = self.learners[self.learner_name].step()
-        totals["lr"] = stats["lr"]
-        totals["grad_norm"] = stats[f"grad_norm/{self.learner_name}"]
+        # The division by the accumulation is the learner's, not accelerate's
+        # (Accelerator(gradient_accumulation_steps=...) is process-global state shared by
+        # every Accelerator, so two trainers would overwrite each other's).
+        learner = MinibatchLearner(
+            self.learners[self.learner_name],
+            self._weighted_loss,
+            accumulation,
+            self.runtime.autocast,
+            functools.partial(self.no_sync, self.model),
+            before_step=lambda stats: self.check_loss(stats["loss"]),
+        )
+        totals = learner.learn([list(zip(batches, weights, strict=True))])
+        totals["grad_norm"] = totals.pop(f"grad_norm/{self.learner_name}")
         return totals
+
+    def _weighted_loss(self, batch: Batch, weight: float) -> tuple[torch.Tensor, dict]:
+        """``compute_loss`` times the micro-batch's weight; the unweighted loss logged."""
+        loss, metrics = self.compute_loss(batch)
+        return loss * weight, {"loss": loss, **metrics}
 
     def _log_train(self, sums: dict[str, float], count: int) -> None:
         """Log the mean of each metric over the last `count` steps (averaged over processes)."""

@@ -1,5 +1,6 @@
-"""AdamW and its learning-rate schedule, as every rlhfkit trainer builds them, and the
-``Learner`` that holds one trained model with its own pair.
+"""AdamW and its learning-rate schedule, as every rlhfkit trainer builds them, the
+``Learner`` that holds one trained model with its own pair, and the ``MinibatchLearner`` that
+takes its optimiser steps over accumulated micro-batches.
 
 AdamW (Loshchilov and Hutter 2019) with decoupled weight decay on weight matrices only, never
 on biases and norm gains; linear warmup, then linear, cosine or constant decay (transformers'
@@ -9,6 +10,9 @@ on biases and norm gains; linear warmup, then linear, cosine or constant decay (
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 from torch import nn
@@ -113,3 +117,53 @@ class Learner:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return stats
+
+
+def _scalar(value: Any) -> float:
+    """A float from a number or a (possibly grad-carrying) 0-dim tensor."""
+    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def accumulate(totals: dict[str, float], values: dict[str, Any], weight: float = 1.0) -> None:
+    """Add ``weight * values`` to ``totals`` key by key."""
+    for key, value in values.items():
+        totals[key] = totals.get(key, 0.0) + weight * _scalar(value)
+
+
+@dataclasses.dataclass
+class MinibatchLearner:
+    """A ``Learner`` with its loss: one optimiser step per minibatch of micro-batches (of
+    training data, or of experience). The one gradient-accumulation loop of every stage."""
+
+    learner: Learner
+    loss: Callable[[Any, float], tuple[torch.Tensor, dict[str, Any]]]  # (micro-batch, weight)
+    accumulation: int  # micro-batches per optimiser step
+    autocast: Callable[[], AbstractContextManager]
+    no_sync: Callable[[], AbstractContextManager]  # holds the gradients' all-reduce back
+    # Sees a minibatch's statistics before its optimiser step (the loop's loss check).
+    before_step: Callable[[dict[str, float]], None] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.learner.name
+
+    def learn(self, minibatches: list[list[tuple[Any, float]]]) -> dict[str, float]:
+        """One optimiser step per minibatch (a list of micro-batches, each with the weight of
+        its loss); the sums over the minibatches of each step's statistics (their means over
+        its micro-batches). On several processes the gradients are averaged over them once per
+        minibatch, after its last micro-batch."""
+        sums: dict[str, float] = {}
+        for micros in minibatches:
+            step: dict[str, float] = {}
+            for index, (mb, weight) in enumerate(micros):
+                last = index == len(micros) - 1
+                with nullcontext() if last else self.no_sync():
+                    with self.autocast():
+                        loss, stats = self.loss(mb, weight)
+                    (loss / self.accumulation).backward()
+                accumulate(step, stats, 1 / self.accumulation)
+            if self.before_step is not None:
+                self.before_step(step)
+            accumulate(step, self.learner.step())
+            accumulate(sums, step)
+        return sums

@@ -66,11 +66,10 @@ from rlhfkit.ops.losses import ppo_value_loss
 from rlhfkit.ops.masks import masked_mean
 from rlhfkit.runtime.distributed import mean_over_ranks, rank_seed
 from rlhfkit.runtime.sharding import shard
-from rlhfkit.trainers.loop import WATCH_RL, Stream, Trainer, accumulate
-from rlhfkit.trainers.optim import Learner
+from rlhfkit.trainers.loop import WATCH_RL, Stream, Trainer
+from rlhfkit.trainers.optim import Learner, MinibatchLearner, accumulate
 from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.ppo_update import (
-    MinibatchLearner,
     policy_loss,
     shuffled_minibatches,
     update_learners,

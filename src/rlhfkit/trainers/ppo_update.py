@@ -7,12 +7,13 @@ plus, where the stage puts the KL in the loss rather than in the rewards, beta x
 estimate; minus an entropy bonus. Where the update is the first pass of the policy over the
 experience (one step from the sampling policy) pi_old is that pass, detached.
 
-A ``MinibatchLearner`` is one ``Learner`` (a trained model with its own AdamW and schedule:
-the policy, or the separate critic) with its loss. With a separate critic the two share nothing but the minibatches
-(the policy loss does not reach the critic, the value loss does not reach the policy), so
-they need not take turns: on a CPU ``update_learners`` runs them side by side, each on half
-the cores (``runtime/parallel.py``). AdamW is elementwise, so one optimiser per model makes the same
-update as one over both; running side by side changes float rounding only.
+Each trained model (the policy, or the separate critic) is an ``optim.MinibatchLearner``:
+its own AdamW and schedule with its loss. With a separate critic the two share nothing but
+the minibatches (the policy loss does not reach the critic, the value loss does not reach
+the policy), so they need not take turns: on a CPU ``update_learners`` runs them side by
+side, each on half the cores (``runtime/parallel.py``). AdamW is elementwise, so one
+optimiser per model makes the same update as one over both; running side by side changes
+float rounding only.
 
 The policy's step is the longer one (its LM head and the log-softmax over the vocabulary),
 so side by side it would finish last and leave a core idle. Its last minibatches therefore
@@ -27,8 +28,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -39,14 +38,12 @@ from rlhfkit.ops.losses import aggregate_token_loss, kl_k3, ppo_policy_loss
 from rlhfkit.ops.masks import masked_mean, masked_sum
 from rlhfkit.runtime.distributed import shares_over_ranks
 from rlhfkit.runtime.parallel import run_parallel
-from rlhfkit.trainers.loop import accumulate
-from rlhfkit.trainers.optim import Learner
+from rlhfkit.trainers.optim import MinibatchLearner, accumulate
 
 # The share of the policy's minibatches that run beside the critic's before the rest run on
 # all cores: its step is the longer one (how the share was chosen: docs/ppo.md).
 POLICY_SHARE_BESIDE_CRITIC = 0.8
 
-LossFn = Callable[[Rollout, float], tuple[torch.Tensor, dict[str, float]]]
 Minibatch = list[tuple[Rollout, float]]  # micro-batches, each with its token weight
 
 
@@ -120,37 +117,6 @@ def _first_pass_stats(logprobs: torch.Tensor, logits: torch.Tensor, mb: Rollout)
         kl = masked_sum(logprobs.detach() - mb.ref_logprobs, mask) / len(mask)
         stats["kl/ref"] = kl.item()
     return stats
-
-
-@dataclasses.dataclass
-class MinibatchLearner:
-    """A ``Learner`` with its loss: one optimiser step per minibatch of the rollout."""
-
-    learner: Learner
-    loss: LossFn  # (micro-batch, token weight) -> (loss, statistics)
-    accumulation: int  # micro-batches per optimiser step
-    autocast: Callable[[], AbstractContextManager]
-    no_sync: Callable[[], AbstractContextManager]  # holds the gradients' all-reduce back
-
-    @property
-    def name(self) -> str:
-        return self.learner.name
-
-    def learn(self, minibatches: list[Minibatch]) -> dict[str, float]:
-        """One optimiser step per minibatch (a list of micro-batches); the sums of the
-        statistics over the minibatches. On several processes the gradients are averaged
-        over them once per minibatch, after its last micro-batch."""
-        sums: dict[str, float] = {}
-        for micros in minibatches:
-            for index, (mb, weight) in enumerate(micros):
-                last = index == len(micros) - 1
-                with nullcontext() if last else self.no_sync():
-                    with self.autocast():
-                        loss, stats = self.loss(mb, weight)
-                    (loss / self.accumulation).backward()
-                accumulate(sums, stats, 1 / self.accumulation)
-            accumulate(sums, self.learner.step())
-        return sums
 
 
 def shuffled_minibatches(
