@@ -349,7 +349,7 @@ def test_several_updates_per_generation_clip_and_count_their_steps(tiny_tokenize
         by_epochs, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
     )
     assert trainer.state.total_steps == len(prompts) // 8
-    assert trainer.count_optimizer_steps() == 2 * len(prompts) // 8
+    assert trainer.optimizer_steps == 2 * len(prompts) // 8
 
 
 def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):

@@ -221,6 +221,22 @@ class TrainConfig:
         """Where the finished model (loadable with `from_pretrained`) is written."""
         return Path(self.output_dir) / "final"
 
+    def loop_batch_size(self, world: int) -> int:
+        """Examples a step of the loop draws from the training data at a time, on each of
+        ``world`` processes."""
+        return self.batch_size
+
+    def loop_steps(self, num_examples: int, batches_per_epoch: int) -> int:
+        """Steps of the loop a run makes over ``num_examples`` examples, of which each process
+        sees ``batches_per_epoch`` batches an epoch."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return max(self.num_epochs * batches_per_epoch // self.gradient_accumulation_steps, 1)
+
+    def optimizer_steps(self, loop_steps: int, world: int) -> int:
+        """Optimiser steps of a run of ``loop_steps`` (the learning-rate schedule's length)."""
+        return loop_steps
+
     def warmup_for(self, total_steps: int) -> int:
         """Warmup steps for a run of `total_steps` optimiser steps."""
         return self.warmup_steps or int(self.warmup_ratio * total_steps)

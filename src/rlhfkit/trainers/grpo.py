@@ -133,16 +133,6 @@ class GRPOTrainer(PolicyTrainer):
             functools.partial(self.no_sync, self.model),
         )
 
-    def count_total_steps(self) -> int:
-        """Iterations of the run: each takes ``micro_batches_per_iteration`` micro-batches."""
-        if self.config.max_steps is not None:
-            return self.config.max_steps
-        micro_batches = self.config.num_epochs * self.batches_per_epoch
-        return max(micro_batches // self.config.micro_batches_per_iteration, 1)
-
-    def count_optimizer_steps(self) -> int:
-        return self.state.total_steps * self.config.optimizer_steps_per_iteration
-
     def next_batch(self) -> Batch:
         """The next prompts, with the seed of their samples (``sample_seed``), drawn from their
         place in the data: a batch's groups are the same whichever process samples them, on

@@ -147,6 +147,15 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
     def optimizer_steps_per_iteration(self) -> int:
         return self.steps_per_generation * self.num_iterations
 
+    def loop_steps(self, num_examples: int, batches_per_epoch: int) -> int:
+        """Iterations of the run: each takes ``micro_batches_per_iteration`` micro-batches."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return max(self.num_epochs * batches_per_epoch // self.micro_batches_per_iteration, 1)
+
+    def optimizer_steps(self, loop_steps: int, world: int) -> int:
+        return loop_steps * self.optimizer_steps_per_iteration
+
     @property
     def rollout_settings(self) -> RolloutSettings:
         """How each micro-batch's experience is made: no critic, the baseline of `advantage`,

@@ -243,18 +243,23 @@ class Trainer:
         self.runtime.prepare(model, trained=True)
         self.sharded: dict[str, ShardedModel] = {}  # the trained models FSDP shards, by name
         self.model, optimizer = self.distribute(self.learner_name, model)
+        # The run's length comes from the config and the data alone (``TrainConfig.loop_steps``
+        # and its stages' own): nothing of a subclass is called before it is built.
+        world = self.accelerator.num_processes
         self.stream = Stream(
             len(train_data),
-            self.loop_batch_size,
+            config.loop_batch_size(world),
             config.seed,
             self.drop_last,
             self.accelerator.process_index,
-            self.accelerator.num_processes,
+            world,
         )
         self.stream.check_split("train_data")
-        self.state = TrainerState(total_steps=self.count_total_steps())
+        steps = config.loop_steps(len(train_data), self.stream.batches_per_epoch)
+        self.state = TrainerState(total_steps=steps)
+        self.optimizer_steps = config.optimizer_steps(steps, world)  # every schedule's length
         learner = Learner.build(
-            self.learner_name, self.model, config, self.count_optimizer_steps(), optimizer
+            self.learner_name, self.model, config, self.optimizer_steps, optimizer
         )
         self.learners = {learner.name: learner}
         self.tracker: Tracker | None = None
@@ -334,25 +339,9 @@ class Trainer:
 
     # ----------------------------------------------------------------- data position
     @property
-    def loop_batch_size(self) -> int:
-        """Examples a step of the loop draws from `train_data` at a time (per process)."""
-        return self.config.batch_size
-
-    @property
     def batches_per_epoch(self) -> int:
         """Micro-batches each process sees per epoch (the last one may be smaller)."""
         return self.stream.batches_per_epoch
-
-    def count_total_steps(self) -> int:
-        """Steps of the loop the run makes."""
-        if self.config.max_steps is not None:
-            return self.config.max_steps
-        micro_batches = self.config.num_epochs * self.batches_per_epoch
-        return max(micro_batches // self.config.gradient_accumulation_steps, 1)
-
-    def count_optimizer_steps(self) -> int:
-        """Optimiser steps of the run: the length of the learning-rate schedule."""
-        return self.state.total_steps
 
     def next_batch(self) -> Batch:
         """The next batch of `train_data` for this process, collated, on the device."""
@@ -522,12 +511,12 @@ class Trainer:
         that many instead, each only where no optimiser step of it was taken (PPO updates in
         several): the step's gradients are dropped and neither weights, AdamW moments nor the
         learning-rate schedule change (the schedule ends that many steps short of its end)."""
-        taken = self._optimizer_steps()
+        taken = self._steps_taken()
         try:
             return self.train_step()
         except NonFiniteError as error:
             step = self.state.step + 1
-            clean = self._optimizer_steps() == taken
+            clean = self._steps_taken() == taken
             if not clean or self.state.skipped_steps >= self.config.skip_nonfinite_steps:
                 raise RunError(self._nonfinite_message(error, step)) from error
             logger.warning("step %d skipped: %s (skip_nonfinite_steps)", step, error)
@@ -536,7 +525,7 @@ class Trainer:
         self.state.skipped_steps += 1
         return None
 
-    def _optimizer_steps(self) -> int:
+    def _steps_taken(self) -> int:
         """Optimiser steps taken by every learner so far (their schedules count them)."""
         return sum(learner.scheduler.last_epoch for learner in self.learners.values())
 

@@ -125,7 +125,7 @@ class PPOTrainer(Trainer):
         self.critic_engine: nn.Module | None = None
         if critic is not None:
             self.critic_engine, optimizer = self.distribute("critic", critic)
-            steps = self.count_optimizer_steps()
+            steps = self.optimizer_steps
             self.learners["critic"] = Learner.build("critic", critic, config, steps, optimizer)
         models = RolloutModels(self.policy, reference, critic)
         self.maker = ExperienceMaker(
@@ -180,18 +180,6 @@ class PPOTrainer(Trainer):
                 shard(reference)
 
     # ----------------------------------------------------------------- the loop's hooks
-    @property
-    def loop_batch_size(self) -> int:
-        """This process's share of the rollout's prompts."""
-        self.config.check_world(self.runtime.world)
-        return self.config.rollout_batch_size // self.runtime.world
-
-    def count_total_steps(self) -> int:
-        return self.config.total_iterations(len(self.train_data))
-
-    def count_optimizer_steps(self) -> int:
-        return self.config.total_optimizer_steps(len(self.train_data), self.runtime.world)
-
     @property
     def scorer(self) -> Scorer:
         return self.maker.scorer

@@ -242,13 +242,17 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
             "makes the same whole minibatches",
         )
 
-    def total_iterations(self, num_prompts: int) -> int:
-        """PPO iterations of the run for a prompt set of `num_prompts`."""
+    def loop_batch_size(self, world: int) -> int:
+        """This process's share of the rollout's prompts."""
+        self.check_world(world)
+        return self.rollout_batch_size // world
+
+    def loop_steps(self, num_examples: int, batches_per_epoch: int) -> int:
+        """PPO iterations of the run for a prompt set of ``num_examples``."""
         if self.max_steps is not None:
             return self.max_steps
-        return max(self.num_epochs * num_prompts // self.rollout_batch_size, 1)
+        return max(self.num_epochs * num_examples // self.rollout_batch_size, 1)
 
-    def total_optimizer_steps(self, num_prompts: int, world: int = 1) -> int:
+    def optimizer_steps(self, loop_steps: int, world: int) -> int:
         """Optimiser steps of the run on ``world`` processes (the LR schedule's length)."""
-        steps = self.ppo_epochs * self.num_mini_batches(world)
-        return self.total_iterations(num_prompts) * steps
+        return loop_steps * self.ppo_epochs * self.num_mini_batches(world)
