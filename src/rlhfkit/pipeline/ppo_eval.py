@@ -64,7 +64,7 @@ def _load_policy_weights(trainer, path: str) -> None:
 
     logger.info("PPO policy starts from %s (reference: %s)", path, trainer.config.model)
     source = load_causal_lm(path, tokenizer=trainer.tokenizer)
-    causal_lm(trainer.policy).load_state_dict(source.state_dict())
+    causal_lm(trainer.models.policy).load_state_dict(source.state_dict())
 
 
 class PPOEvalPoints:
@@ -96,7 +96,7 @@ class PPOEvalPoints:
         trainer = self.trainer
         with ckpt.preserved_rng():
             samples = evaluate_policy(
-                causal_lm(trainer.policy),
+                causal_lm(trainer.models.policy),
                 trainer.models.reference,
                 trainer.tokenizer,
                 self.prompts,

@@ -191,6 +191,17 @@ class Stream:
         return index * self.world + self.rank
 
 
+def _attribute(owner: Any, path: str) -> Any:
+    """``owner.a.b`` for the path "a.b"."""
+    return functools.reduce(getattr, path.split("."), owner)
+
+
+def _set_attribute(owner: Any, path: str, value: Any) -> None:
+    """Set ``owner.a.b = value`` for the path "a.b"."""
+    parent, _, name = path.rpartition(".")
+    setattr(_attribute(owner, parent) if parent else owner, name, value)
+
+
 def _launch_text(launch: dict[str, Any]) -> str:
     """ "2 processes with fsdp", "1 process without fsdp"."""
     processes = launch["processes"]
@@ -288,7 +299,8 @@ class Trainer:
         return self.accelerator.no_sync(model)
 
     def model_attributes(self) -> dict[str, str]:
-        """The attributes that hold a trained model, and the model's name (``distribute``)."""
+        """The attributes that hold a trained model (dotted paths from the trainer), and the
+        model's name (``distribute``)."""
         return {"model": self.learner_name}
 
     @contextmanager
@@ -301,14 +313,14 @@ class Trainer:
         if not copies or None in copies.values():
             yield {}
             return
-        held = {attribute: getattr(self, attribute) for attribute in self.model_attributes()}
-        for attribute, name in self.model_attributes().items():
-            setattr(self, attribute, copies[name])
+        held = {path: _attribute(self, path) for path in self.model_attributes()}
+        for path, name in self.model_attributes().items():
+            _set_attribute(self, path, copies[name])
         try:
             yield copies
         finally:
-            for attribute, model in held.items():
-                setattr(self, attribute, model)
+            for path, model in held.items():
+                _set_attribute(self, path, model)
 
     # ----------------------------------------------------------------- to implement
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:

@@ -113,21 +113,20 @@ class PPOTrainer(Trainer):
         _check_inputs(config, policy, prompts, critic, ptx_examples)
         collate = PromptCollator(tokenizer.pad_token_id)
         super().__init__(config, policy, prompts, collate, tokenizer=tokenizer)
-        # `self.model` and `self.critic_engine` are what the update runs (data-parallel
-        # wrappers on several processes); `policy` and `critic` the bare models the rollout
-        # samples from and `final/` holds.
-        self.policy, self.critic = self.unwrapped_model, critic
+        # The bare models (the rollout samples from them, `final/` holds them) are the
+        # experience maker's, `self.models`; `self.model` and `self.critic_engine` are what
+        # the update runs (data-parallel wrappers of the policy and the critic on several
+        # processes).
         self.ptx_examples = ptx_examples or []
         self.eval_prompts = eval_prompts or []
         scorer = prepare_scorer(as_scorer(scorer), self.runtime, self.config.padding_free)
-        self._prepare_models(reference)
-        self.trainable = nn.ModuleDict({"policy": policy, **({"critic": critic} if critic else {})})
+        models = RolloutModels(self.unwrapped_model, reference, critic)
+        self._prepare_models(models)
         self.critic_engine: nn.Module | None = None
         if critic is not None:
             self.critic_engine, optimizer = self.distribute("critic", critic)
             steps = self.optimizer_steps
             self.learners["critic"] = Learner.build("critic", critic, config, steps, optimizer)
-        models = RolloutModels(self.policy, reference, critic)
         self.maker = ExperienceMaker(
             models, scorer, tokenizer, config.rollout_settings, self.runtime
         )
@@ -165,10 +164,11 @@ class PPOTrainer(Trainer):
             for name, learner in self.learners.items()
         ]
 
-    def _prepare_models(self, reference: nn.Module | None) -> None:
+    def _prepare_models(self, models: RolloutModels) -> None:
         """Policy, reference and critic on the runtime's device with its kernels; dropout off
         where asked; the reference frozen and, with FSDP, sharded like the trained ones."""
-        for model in (self.policy, reference, self.critic):
+        reference = models.reference
+        for model in (models.policy, reference, models.critic):
             if model is not None:
                 trained = model is not reference
                 self.runtime.prepare(model, packed=self.config.padding_free, trained=trained)
@@ -288,7 +288,7 @@ class PPOTrainer(Trainer):
         collate = SFTCollator(self.tokenizer.pad_token_id)
         batch = collate([self.ptx_examples[int(i)] for i in indices])
         batch = {k: v.to(self.runtime.device) for k, v in batch.items()}
-        logprobs, mask = labelled_logprobs(self.policy, batch)  # (b, K) each
+        logprobs, mask = labelled_logprobs(self.models.policy, batch)  # (b, K) each
         return -masked_mean(logprobs, mask)
 
     def _samples(self, rollout: Rollout) -> list[dict]:
@@ -334,19 +334,24 @@ class PPOTrainer(Trainer):
         return {"sample": self.sample_generator, "shuffle": self.shuffle_generator}
 
     def model_attributes(self) -> dict[str, str]:
-        attributes = {"model": "policy", "policy": "policy"}
-        if self.critic is not None:
-            attributes |= {"critic": "critic", "critic_engine": "critic"}
+        attributes = {"model": "policy", "models.policy": "policy"}
+        if self.models.critic is not None:
+            attributes |= {"models.critic": "critic", "critic_engine": "critic"}
         return attributes
 
-    def _trained_models(self) -> dict[str, nn.Module]:
-        return {"policy": self.policy, **({"critic": self.critic} if self.critic else {})}
+    @property
+    def trainable(self) -> nn.ModuleDict:
+        """The trained models by name: the policy, and the separate critic if there is one."""
+        critic = self.models.critic
+        return nn.ModuleDict(
+            {"policy": self.models.policy, **({"critic": critic} if critic else {})}
+        )
 
     def save_checkpoint_model(self, path: Path) -> None:
         """The trained weights of policy and critic, for an exact resume."""
         weights = {
             f"{name}.{key}": param
-            for name, model in self._trained_models().items()
+            for name, model in self.trainable.items()
             for key, param in model.named_parameters()
             if param.requires_grad
         }
@@ -355,7 +360,7 @@ class PPOTrainer(Trainer):
     def load_model_weights(self, path: Path) -> None:
         weights = ckpt.load_state(path / WEIGHTS_FILE)
         with torch.no_grad():
-            for name, model in self._trained_models().items():
+            for name, model in self.trainable.items():
                 for key, param in model.named_parameters():
                     if param.requires_grad:
                         param.copy_(weights[f"{name}.{key}"])
@@ -365,12 +370,13 @@ class PPOTrainer(Trainer):
         value head in ``path/value_head.safetensors``). With LoRA both are merged copies, so
         ``eval``, ``chat``, the next stage and stock transformers load them as plain models
         (with the tokenizer's added pad token, if any, in the saved vocabulary)."""
-        merged_copy(causal_lm(self.policy)).save_pretrained(path)
+        policy, critic = self.models.policy, self.models.critic
+        merged_copy(causal_lm(policy)).save_pretrained(path)
         self.tokenizer.save_pretrained(path)
-        if self.critic is not None:
-            merged_copy(self.critic).save_pretrained(path / "critic")
+        if critic is not None:
+            merged_copy(critic).save_pretrained(path / "critic")
         else:
-            ckpt.save_state(self.policy.value_head.state_dict(), path / "value_head.safetensors")
+            ckpt.save_state(policy.value_head.state_dict(), path / "value_head.safetensors")
 
     # ----------------------------------------------------------------- from a config
     @classmethod
