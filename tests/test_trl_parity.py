@@ -2,8 +2,10 @@
 RPO's loss against TRL 1.16's DPOTrainer with its "sft" term (what ``rpo_alpha`` became),
 reward centring against TRL 1.16's RewardTrainer, and DPO's prompt and response cuts against
 TRL 0.19's own ``tokenize_row`` (read from its source and run without importing TRL, which
-needs an older transformers), and GRPO's ``loss_aggregation`` against TRL 1.16's
-GRPOTrainer loss types (loss and gradients).
+needs an older transformers), and GRPO's policy loss (``ppo_update.policy_loss`` with the
+settings of a ``GRPOConfig``) against TRL 1.16's GRPOTrainer loss types, loss and gradients:
+one update per sampled batch (TRL's num_iterations 1, the ratio 1) and the off-policy pass
+of num_iterations 2 (the ratio to the sampling policy's log-probs clipped, below and above).
 
 TRL runs in a subprocess from its source: set RLHFKIT_TRL_SOURCES as for
 tests/test_trl_names.py (directories holding a ``trl/`` package, e.g. unpacked wheels of TRL
@@ -25,11 +27,13 @@ from transformers import AutoModelForCausalLM, GPT2ForSequenceClassification
 from helpers import tiny_lm
 from rlhfkit.config import RewardConfig
 from rlhfkit.data import Comparison, PreferenceExample, encode_comparisons
+from rlhfkit.experience.rollout import Rollout
 from rlhfkit.models.loading import RewardModel
 from rlhfkit.models.passes import response_logprobs, sequence_inputs
-from rlhfkit.ops.losses import aggregate_token_loss, kl_k3, ppo_policy_loss
 from rlhfkit.trainers.dpo import DPOPair, DPOTrainer
 from rlhfkit.trainers.dpo_config import DPOConfig
+from rlhfkit.trainers.grpo_config import GRPOConfig
+from rlhfkit.trainers.ppo_update import policy_loss
 from rlhfkit.trainers.reward import RewardTrainer
 
 SOURCES_ENV = "RLHFKIT_TRL_SOURCES"
@@ -80,15 +84,18 @@ from trl import GRPOConfig, GRPOTrainer
 spec = json.loads(sys.argv[1])
 tokenizer = AutoTokenizer.from_pretrained(spec["model"])
 reference = AutoModelForCausalLM.from_pretrained(spec["reference"]).state_dict()
+sampler = AutoModelForCausalLM.from_pretrained(spec["old"]).state_dict()
 tensors = {k: torch.tensor(spec[k]) for k in ("prompt_ids", "completion_ids", "completion_mask")}
 tensors["prompt_mask"] = torch.ones_like(tensors["prompt_ids"])
 tensors["advantages"] = torch.tensor(spec["advantages"])
 results = {}
-for loss_type in spec["loss_types"]:
+for run in spec["runs"]:
     args = GRPOConfig(
         output_dir=spec["out"], report_to="none", use_cpu=True, bf16=False, disable_dropout=True,
-        gradient_checkpointing=False, loss_type=loss_type, beta=spec["beta"], epsilon=spec["clip"],
-        num_iterations=1, temperature=1.0, max_completion_length=spec["max_new_tokens"],
+        gradient_checkpointing=False, loss_type=run["loss_type"], beta=spec["beta"],
+        epsilon=spec["clip"], epsilon_high=run["clip_high"], importance_sampling_level="token",
+        num_iterations=run["num_iterations"], temperature=1.0,
+        max_completion_length=spec["max_new_tokens"],
         per_device_train_batch_size=len(spec["advantages"]), num_generations=2,
         gradient_accumulation_steps=1,
     )
@@ -99,13 +106,27 @@ for loss_type in spec["loss_types"]:
     trainer.ref_model.load_state_dict(reference)  # the reference weights, not the policy's
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop otherwise
     trainer.model.train()
-    inputs = dict(tensors, old_per_token_logps=None)
+    inputs = dict(tensors)
     input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    width = inputs["completion_ids"].size(1)
     with torch.no_grad():  # as _generate_and_score_completions does
         inputs["ref_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.ref_model, input_ids, attention_mask, inputs["completion_ids"].size(1)
+            trainer.ref_model, input_ids, attention_mask, width
         )
+        # Its test: the sampling policy's log-probs are kept where the batch is learnt from
+        # more than once (num_iterations > 1), else None (the loss's own pass, detached).
+        # Read, as there, through trainer.model, with the weights of the policy that sampled
+        # (the trained one as it was some updates ago); then the trained weights back.
+        inputs["old_per_token_logps"] = None
+        if args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations):
+            trained = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+            trainer.model.load_state_dict(sampler)
+            inputs["old_per_token_logps"], _, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, input_ids, attention_mask, width
+            )
+            trainer.model.load_state_dict(trained)
+    assert (inputs["old_per_token_logps"] is None) == (run["num_iterations"] == 1)
     # The active tokens of the whole accumulated batch over processes: one micro-batch here.
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
     for correction in (False, True):  # read by _compute_loss on each call
@@ -114,7 +135,7 @@ for loss_type in spec["loss_types"]:
         loss = trainer._compute_loss(trainer.model, inputs)
         loss.backward()
         grads = {name: p.grad for name, p in trainer.model.named_parameters()}
-        key = f"{loss_type}-{'corrected' if correction else 'plain'}"
+        key = f"{run['name']}-{'corrected' if correction else 'plain'}"
         torch.save(grads, f"{spec['out']}/grads_{key}.pt")
         results[key] = float(loss)
 print("RESULT " + json.dumps(results))
@@ -276,66 +297,148 @@ def grpo_batch(tokenizer) -> dict:
     }
 
 
+# The sampling policy of the off-policy pass: the policy's weights plus seeded noise of this
+# std, as if some updates lay between them. On `grpo_batch` the ratios pi / pi_old run from
+# about 0.55 to 2.1: of the 15 tokens 6 are clipped at [0.8, 1.2] (one below 0.8 with a
+# negative advantage, five above 1.2 with a positive one), the rest inside or on the side the
+# clip leaves alone; two of the five lie between 1.2 and 1.28, so [0.8, 1.28] clips 4.
+SAMPLER_NOISE = 0.05
+
+
+def grpo_run(loss_type: str, iterations: int = 1, clip_high: float | None = None) -> str:
+    """The name of a TRL run (a GRPOTrainer with these options) in `trl_grpo_losses`."""
+    return f"{loss_type}-iterations{iterations}-high{clip_high}"
+
+
+# The runs: every loss type on-policy, and off-policy with its clip range 0.2 above 1 as below
+# (TRL's epsilon_high None) and with DAPO's clip-higher 0.28.
+GRPO_RUNS = [(loss_type, 1, None) for loss_type in TRL_LOSS_AGGREGATION] + [
+    (loss_type, 2, high) for loss_type in TRL_LOSS_AGGREGATION for high in (None, 0.28)
+]
+
+
 @pytest.fixture(scope="module")
 def trl_grpo_losses(tiny_tokenizer, tmp_path_factory):
-    """TRL 1.16's GRPOTrainer._compute_loss for each loss type on `grpo_batch`, with and
-    without its `use_bias_correction_kl`: the directory of the models and of the gradients
-    it saved, the batch, and the losses by "<loss type>-plain" / "-corrected"."""
+    """TRL 1.16's GRPOTrainer._compute_loss for each run of `GRPO_RUNS` on `grpo_batch`, with
+    and without its `use_bias_correction_kl`: the directory of the models (policy, reference
+    and the older policy that sampled) and of the gradients it saved, the batch, and the
+    losses by "<grpo_run>-plain" / "-corrected"."""
     source = trl_source("use_bias_correction_kl", "trainer/grpo_trainer.py")
     tmp_path = tmp_path_factory.mktemp("grpo_parity")
     for name, seed in (("policy", 0), ("reference", 1)):
         tiny_lm(tiny_tokenizer, seed=seed, n_positions=128).save_pretrained(tmp_path / name)
         tiny_tokenizer.save_pretrained(tmp_path / name)
+    sampler = tiny_lm(tiny_tokenizer, seed=0, n_positions=128)  # the policy's weights
+    noise = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for parameter in sampler.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=noise), alpha=SAMPLER_NOISE)
+    sampler.save_pretrained(tmp_path / "old")
     batch = grpo_batch(tiny_tokenizer)
     spec = batch | {"model": str(tmp_path / "policy"), "reference": str(tmp_path / "reference")}
-    spec |= {"out": str(tmp_path), "loss_types": list(TRL_LOSS_AGGREGATION)}
+    runs = [
+        {"name": grpo_run(*run), "loss_type": run[0], "num_iterations": run[1], "clip_high": run[2]}
+        for run in GRPO_RUNS
+    ]
+    spec |= {"old": str(tmp_path / "old"), "out": str(tmp_path), "runs": runs}
     return tmp_path, batch, run_trl(source, spec, tmp_path, GRPO_SIDE)
 
 
-def grpo_loss_and_grads(models: Path, batch: dict, loss_type: str, ratio_weighted_kl: bool):
-    """Ours on `grpo_batch`: the clipped loss + beta x k3, aggregated as TRL's `loss_type`, one
-    update per generation (old log-probs = current, detached); the loss and the gradients.
+def grpo_loss_and_grads(
+    models: Path,
+    batch: dict,
+    loss_type: str,
+    ratio_weighted_kl: bool,
+    iterations: int = 1,
+    clip_high: float | None = None,
+):
+    """Ours on `grpo_batch`: the loss of GRPO's update (``ppo_update.policy_loss`` with the
+    settings of the ``GRPOConfig`` of these options, the KL coefficient its beta) on a
+    ``Rollout`` of the batch; the loss, the gradients and the loss's statistics.
 
-    With `ratio_weighted_kl` the k3 terms are first multiplied by the ratio pi / pi_old, 1 in
-    value but not in gradient: TRL's `use_bias_correction_kl` (its default), our
-    `kl_importance_weight`.
+    `loss_type` is TRL's: its ``loss_aggregation`` is ours. With `ratio_weighted_kl` the k3
+    terms are multiplied by the ratio pi / pi_old: TRL's `use_bias_correction_kl` (its
+    default), our `kl_importance_weight`. At one iteration the config has the experience made
+    without the policy's pass (``Rollout.logprobs`` None: pi_old is the update's own pass,
+    detached); at more it keeps the sampling policy's log-probs, read here from models/old as
+    ``ExperienceMaker`` reads the policy's (no gradient, the sampling temperature).
     """
+    config = GRPOConfig(
+        model="unused", output_dir=str(models / "unused"), reward_functions=["m:f"],
+        loss_aggregation=TRL_LOSS_AGGREGATION[loss_type], beta=batch["beta"],
+        clip_range=batch["clip"], clip_range_high=clip_high, num_iterations=iterations,
+        kl_importance_weight=ratio_weighted_kl, max_new_tokens=batch["max_new_tokens"],
+        cpu=True, report_to=[], resume=False,
+    )  # fmt: skip
+    settings = config.loss_settings
     policy = AutoModelForCausalLM.from_pretrained(models / "policy").eval()  # no dropout
-    reference = AutoModelForCausalLM.from_pretrained(models / "reference").eval()
     query = torch.tensor(batch["prompt_ids"])
     response = torch.tensor(batch["completion_ids"])
     mask = torch.tensor(batch["completion_mask"])
     inputs = sequence_inputs(query, torch.ones_like(query), response, mask)
-    logprobs = response_logprobs(policy, inputs, response, 1.0).logprobs  # (B, Tr)
-    with torch.no_grad():
-        ref_logprobs = response_logprobs(reference, inputs, response, 1.0).logprobs
-    advantages = torch.tensor(batch["advantages"])[:, None].expand_as(logprobs)
-    aggregation = {
-        "aggregation": TRL_LOSS_AGGREGATION[loss_type],
-        "max_tokens": batch["max_new_tokens"],
-    }
-    loss, _ = ppo_policy_loss(
-        logprobs, logprobs.detach(), advantages, mask, batch["clip"], **aggregation
-    )
-    kl = kl_k3(logprobs, ref_logprobs)
-    if ratio_weighted_kl:
-        kl = kl * torch.exp(logprobs - logprobs.detach())
-    loss = loss + batch["beta"] * aggregate_token_loss(kl, mask, **aggregation)
+
+    def logprobs_of(name: str) -> torch.Tensor:  # (B, Tr), no gradient
+        model = AutoModelForCausalLM.from_pretrained(models / name).eval()
+        with torch.no_grad():
+            return response_logprobs(model, inputs, response, settings.temperature).logprobs
+
+    old = logprobs_of("old") if config.rollout_settings.policy_pass else None
+    advantages = torch.tensor(batch["advantages"])[:, None].expand(response.shape)
+    zeros = torch.zeros(len(query))  # the fields the loss does not read: zeros, None, []
+    rollout = Rollout(
+        query=query, query_mask=torch.ones_like(query), response=response, response_mask=mask,
+        logprobs=old, ref_logprobs=logprobs_of("reference"), entropy=None, values=None,
+        raw_scores=zeros, scores=zeros, kl=None, rewards=torch.zeros(response.shape),
+        advantages=advantages, returns=None, eos_emitted=zeros.bool(), prompts=[], responses=[],
+    )  # fmt: skip
+    loss, stats, _ = policy_loss(policy, rollout, settings, config.beta, packed=False)
     loss.backward()
-    return float(loss.detach()), {name: p.grad for name, p in policy.named_parameters()}
+    grads = {name: p.grad for name, p in policy.named_parameters()}
+    return float(loss.detach()), grads, stats
+
+
+def assert_equal_to_trl(models: Path, trl_losses: dict, key: str, loss: float, grads: dict):
+    """`loss` and every one of `grads` as TRL's run `key`, to 1e-5; a real gradient."""
+    trl_grads = torch.load(models / f"grads_{key}.pt")
+    assert loss == pytest.approx(trl_losses[key], abs=1e-5)
+    assert grads.keys() == trl_grads.keys()
+    for name, grad in trl_grads.items():
+        torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=0)
+    assert float(grads["transformer.wte.weight"].abs().max()) > 1e-2  # a real gradient
 
 
 @pytest.mark.parametrize("loss_type", list(TRL_LOSS_AGGREGATION))
 def test_grpo_loss_aggregations_equal_trls_grpo_loss_types(trl_grpo_losses, loss_type):
-    """Our loss and every gradient as TRL's `loss_type` with `use_bias_correction_kl=False`;
-    and, with TRL's default True, as ours with the k3 terms weighted by the ratio (the same
-    loss, gradients apart by about 3e-3 here: what this test tells apart at 1e-5)."""
+    """Our loss and every gradient as TRL's `loss_type` at num_iterations 1 with
+    `use_bias_correction_kl=False`; and, with TRL's default True, as ours with
+    `kl_importance_weight` (the same loss, gradients apart by about 3e-3 here: what this test
+    tells apart at 1e-5)."""
     models, batch, trl_losses = trl_grpo_losses
     for trl_kl, ratio_weighted in (("plain", False), ("corrected", True)):
-        trl_grads = torch.load(models / f"grads_{loss_type}-{trl_kl}.pt")
-        loss, grads = grpo_loss_and_grads(models, batch, loss_type, ratio_weighted)
-        assert loss == pytest.approx(trl_losses[f"{loss_type}-{trl_kl}"], abs=1e-5)
-        assert grads.keys() == trl_grads.keys()
-        for name, grad in trl_grads.items():
-            torch.testing.assert_close(grads[name], grad, atol=1e-5, rtol=0)
-        assert float(grads["transformer.wte.weight"].abs().max()) > 1e-2  # a real gradient
+        loss, grads, stats = grpo_loss_and_grads(models, batch, loss_type, ratio_weighted)
+        key = f"{grpo_run(loss_type)}-{trl_kl}"
+        assert_equal_to_trl(models, trl_losses, key, loss, grads)
+        assert stats["policy/ratio"] == pytest.approx(1.0)  # on-policy: nothing to clip
+        assert stats["policy/clipfrac"] == 0
+
+
+@pytest.mark.parametrize("loss_type", list(TRL_LOSS_AGGREGATION))
+def test_grpo_off_policy_loss_equals_trls_num_iterations_2(trl_grpo_losses, loss_type):
+    """Our loss and every gradient as TRL's `loss_type` at num_iterations 2, where the batch
+    was sampled by an older policy whose log-probs both keep (TRL's old_per_token_logps, our
+    ``Rollout.logprobs``): the ratio pi / pi_old away from 1, clipped to [0.8, 1.2] (TRL's
+    epsilon 0.2, our clip_range) and to [0.8, 1.28] (TRL's epsilon_high 0.28, our
+    clip_range_high); with and without the ratio-weighted KL, which now differs in value too.
+    The clip acts in both, and fewer tokens are clipped with the higher bound."""
+    models, batch, trl_losses = trl_grpo_losses
+    clipped = {}
+    for clip_high in (None, 0.28):
+        for trl_kl, ratio_weighted in (("plain", False), ("corrected", True)):
+            loss, grads, stats = grpo_loss_and_grads(
+                models, batch, loss_type, ratio_weighted, iterations=2, clip_high=clip_high
+            )
+            key = f"{grpo_run(loss_type, 2, clip_high)}-{trl_kl}"
+            assert_equal_to_trl(models, trl_losses, key, loss, grads)
+            clipped[clip_high] = stats["policy/clipfrac"]
+            assert stats["policy/approx_kl"] > 0.01  # the ratio well away from 1
+    assert 0 < clipped[0.28] < clipped[None]
