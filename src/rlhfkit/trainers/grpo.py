@@ -49,10 +49,9 @@ from accelerate.utils import set_seed
 from torch import nn
 
 from rlhfkit import checkpoint as ckpt
-from rlhfkit.data import PromptCollator, load_prompts
+from rlhfkit.data import PromptCollator
 from rlhfkit.experience.rewards import RunningMoments
 from rlhfkit.experience.rollout import ExperienceMaker, Rollout, RolloutModels, rollout_stats
-from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import ScoreInput, Scorer, prepare_scorer
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.ops.masks import masked_mean
@@ -63,6 +62,7 @@ from rlhfkit.trainers.loop import WATCH_RL, Batch
 from rlhfkit.trainers.optim import MinibatchLearner, accumulate
 from rlhfkit.trainers.policy import PolicyTrainer
 from rlhfkit.trainers.ppo_update import policy_loss, update_learners
+from rlhfkit.trainers.rl_inputs import load_rl_prompts, load_rl_scorer
 
 logger = logging.getLogger(__name__)
 
@@ -251,51 +251,32 @@ class GRPOTrainer(PolicyTrainer):
             "length": torch.cat(lengths).mean().item(),
         }
 
+    # ----------------------------------------------------------------- from a config
+    @classmethod
+    def from_config(cls, config: GRPOConfig) -> GRPOTrainer:
+        """Load tokenizer, prompts, policy, reference and scorer as ``config`` says (the data
+        first: a data error stops the run before any model is loaded)."""
+        trust = config.trust_remote_code
+        tokenizer = load_tokenizer(config.model, trust_remote_code=trust)
+        prompts, eval_prompts = load_rl_prompts(config, tokenizer)
+        set_seed(config.seed)
+        model = load_causal_lm(config.model, tokenizer=tokenizer, trust_remote_code=trust)
+        reference = None
+        if config.reference and config.beta > 0:
+            reference = load_causal_lm(
+                config.reference, tokenizer=tokenizer, trust_remote_code=trust
+            )
+        scorer = load_rl_scorer(config, tokenizer)
+        return cls(config, model, tokenizer, prompts, scorer, eval_prompts, reference=reference)
+
 
 def run_grpo(config: GRPOConfig) -> Path:
-    """Load policy, reference, scorer and prompts from ``config``, train, and return the final
-    model's directory (the ``rlhfkit grpo`` and ``rlhfkit rloo`` commands; an `RLOOConfig`
-    is a `GRPOConfig` whose ``advantage`` defaults to 'rloo')."""
+    """Build a ``GRPOTrainer`` from ``config``, train it, and return the final model's
+    directory (the ``rlhfkit grpo`` and ``rlhfkit rloo`` commands; an `RLOOConfig` is a
+    `GRPOConfig` whose ``advantage`` defaults to 'rloo'). A complete run is not loaded
+    again."""
     if config.resume and ckpt.is_complete(config.output_dir):
         logger.info("%s is already complete; nothing to do", config.output_dir)
         return config.final_dir
-    trust = config.trust_remote_code
-    tokenizer = load_tokenizer(config.model, trust_remote_code=trust)
-    # The data first: a data error stops the run before any model is loaded.
-    length = config.max_prompt_length
-    template = config.chat_template
-    prompts = load_prompts(
-        config.train_data,
-        config.train_split,
-        tokenizer,
-        length,
-        config.max_train_samples,
-        chat_template=template,
-    )
-    eval_prompts: list[list[int]] = []
-    if config.eval_data:
-        eval_prompts = load_prompts(
-            config.eval_data,
-            config.eval_split,
-            tokenizer,
-            length,
-            config.max_eval_samples,
-            chat_template=template,
-        )
-    set_seed(config.seed)
-    model = load_causal_lm(config.model, tokenizer=tokenizer, trust_remote_code=trust)
-    reference = None
-    if config.reference and config.beta > 0:
-        reference = load_causal_lm(config.reference, tokenizer=tokenizer, trust_remote_code=trust)
-    scorer = build_scorer(
-        config.reward_model,
-        config.reward_functions,
-        config.reward_weights,
-        tokenizer=tokenizer,
-        trust_remote_code=trust,
-    )
-    trainer = GRPOTrainer(
-        config, model, tokenizer, prompts, scorer, eval_prompts, reference=reference
-    )
-    trainer.train()
+    GRPOTrainer.from_config(config).train()
     return config.final_dir

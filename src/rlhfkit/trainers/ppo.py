@@ -40,7 +40,6 @@ from rlhfkit.data import (
     PromptCollator,
     SFTCollator,
     encode_demonstrations,
-    load_prompts,
     load_records,
 )
 from rlhfkit.experience.rewards import AdaptiveKLController, FixedKLController, RunningMoments
@@ -51,7 +50,6 @@ from rlhfkit.experience.rollout import (
     load_rollout_models,
     rollout_stats,
 )
-from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import Scorer, as_scorer, prepare_scorer
 from rlhfkit.models.loading import disable_dropout, freeze, load_tokenizer
 from rlhfkit.models.lora import merged_copy
@@ -74,6 +72,7 @@ from rlhfkit.trainers.ppo_update import (
     shuffled_minibatches,
     update_learners,
 )
+from rlhfkit.trainers.rl_inputs import load_rl_prompts, load_rl_scorer
 
 logger = logging.getLogger(__name__)
 
@@ -386,22 +385,7 @@ class PPOTrainer(Trainer):
         trust = config.trust_remote_code
         tokenizer = load_tokenizer(config.model, padding_side="left", trust_remote_code=trust)
         template = config.chat_template
-        prompts = load_prompts(
-            config.train_data,
-            config.train_split,
-            tokenizer,
-            config.max_prompt_length,
-            None,
-            chat_template=template,
-        )
-        eval_prompts = config.eval_data and load_prompts(
-            config.eval_data,
-            config.eval_split,
-            tokenizer,
-            config.max_prompt_length,
-            config.max_eval_samples,
-            chat_template=template,
-        )
+        prompts, eval_prompts = load_rl_prompts(config, tokenizer)
         ptx = None
         if config.ptx_coef > 0:
             demos = load_records(config.ptx_data, "demonstrations")
@@ -417,13 +401,7 @@ class PPOTrainer(Trainer):
             lora=config.lora_settings,
             trust_remote_code=trust,
         )
-        scorer = build_scorer(
-            config.reward_model,
-            config.reward_functions,
-            config.reward_weights,
-            tokenizer=tokenizer,
-            trust_remote_code=trust,
-        )
+        scorer = load_rl_scorer(config, tokenizer)
         return cls(
             config,
             models.policy,
