@@ -1,15 +1,18 @@
 """The training loop every rlhfkit trainer shares, on `accelerate` (not the HF `Trainer`).
 
 A step of the loop is `train_step()`. By default it is one optimiser step over
-`gradient_accumulation_steps` micro-batches of the training data, and a trainer supplies:
+`gradient_accumulation_steps` micro-batches of the training data (taken by
+`optim.MinibatchLearner`, the one accumulation loop of every stage), and a trainer supplies:
 
 - `compute_loss(batch) -> (loss, metrics)`: the loss of one micro-batch (a scalar tensor to
   minimise) and scalar metrics to log;
 - `evaluate() -> metrics`: held-out metrics (called in eval mode, without gradients).
 
-An RL trainer (PPO) overrides `train_step()` instead: its step is one iteration, "make
-experience from the next batch of prompts, then learn from it for some epochs of minibatches",
-with one optimiser step per minibatch and `Learner`. Whatever the step, the base owns the rest:
+An RL trainer (PPO, GRPO) overrides `train_step()` instead: its step is one iteration, "make
+experience from the next batch of prompts, then learn from it for some passes of minibatches",
+with one optimiser step per minibatch and `Learner`. How long a run is comes from the config
+and the data (`TrainConfig.loop_steps` and its stages' own), never from a stage's methods, so
+nothing of a stage runs before it is built. Whatever the step, the base owns the rest:
 the device and precision (`runtime.machine.Runtime`), the learners (each an AdamW and its
 schedule, `optim.py`), periodic evaluation, logging (`rlhfkit.tracking.Tracker`), checkpoints
 and exact resume.
