@@ -9,7 +9,11 @@ base model is the frozen reference of every KL term. Each method samples the sam
 responses per iteration and in total: PPO 32 prompts x 1 response (4 epochs x 4 minibatches
 of 8 per iteration, a separate critic initialised from the policy with a fresh value head);
 GRPO, RLOO and REINFORCE++ 8 prompts x 4 responses (one optimiser step per iteration). Same
-``max_new_tokens``, temperature 1, seed, bf16 autocast (fp32 master weights).
+``max_new_tokens``, temperature 1, seed, bf16 autocast (fp32 master weights). On request (not
+in the default ``--methods``), GRPO with two passes of its update over each sampled batch
+(``grpo-2it``: ``num_iterations: 2``, so two optimiser steps per iteration and the clip acts
+from the second) and the same with DAPO's clip-higher (``grpo-2it-clip-higher``:
+``clip_range_high: 0.28``), at the same responses per iteration and in total.
 
 Measured:
 - train reward (``score/mean`` of each iteration's samples) against cumulative sampled
@@ -18,7 +22,9 @@ Measured:
 - before and after training, on held-out prompts (the ``test`` split, one fixed-seed sample
   per prompt at temperature 1, ``rlhfkit.evaluation.measures.evaluate_policy``): mean digits score,
   distinct-2 of the responses (the "411 411 355 355" check), mean length in tokens, and the
-  sampled KL to the base model.
+  sampled KL to the base model;
+- the share of response tokens whose ratio the clip held (``policy/clipfrac``, each
+  iteration's mean over its optimiser steps): mean and maximum over the run, and at each end.
 
 Prints a table, writes ``results.json`` and ``curves.png`` (train reward and KL against
 sampled responses, reward against KL) under ``--out`` (each method's run in its own folder
@@ -64,7 +70,11 @@ from rlhfkit.trainers.ppo import run_ppo  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
 
 REWARD = "rlhfkit.tasks:digits_reward"
-METHODS = ("ppo", "ppo-sequence", "grpo", "rloo", "reinforce++")
+METHODS = ("ppo", "ppo-sequence", "grpo", "rloo", "reinforce++")  # the default: every estimator
+GRPO_VARIANTS = {  # GRPO's settings but these, run on request
+    "grpo-2it": {"num_iterations": 2},
+    "grpo-2it-clip-higher": {"num_iterations": 2, "clip_range_high": 0.28},
+}
 CRITIC_METHODS = {"ppo": "gae", "ppo-sequence": "sequence"}  # PPO's advantage estimators
 RESPONSES_PER_ITER = 32
 GENERATIONS = 4  # GRPO / RLOO group size: 8 prompts x 4 = 32 responses
@@ -87,8 +97,9 @@ def ppo_config(args, out: Path, estimator: str = "gae") -> PPOConfig:
     )  # fmt: skip
 
 
-def group_config(args, out: Path, advantage: str) -> GRPOConfig:
-    """configs/grpo.yaml / rloo.yaml's defaults, with the digits scorer and the base model."""
+def group_config(args, out: Path, advantage: str, **options) -> GRPOConfig:
+    """configs/grpo.yaml / rloo.yaml's defaults, with the digits scorer and the base model;
+    ``options`` (GRPOConfig fields) replace them."""
     return GRPOConfig(
         model=str(BASE_MODEL_DIR), reward_model=None, reward_functions=[REWARD],
         output_dir=str(out), train_data=str(demo_data("prompts")), eval_data=None,
@@ -97,7 +108,7 @@ def group_config(args, out: Path, advantage: str) -> GRPOConfig:
         num_generations=GENERATIONS, max_steps=args.iterations,
         max_new_tokens=args.max_new_tokens, temperature=1.0, learning_rate=args.group_lr,
         lr_scheduler="constant", beta=args.group_beta, mixed_precision="bf16", cpu=True,
-        report_to=[], resume=False, save_every=0, log_every=1,
+        report_to=[], resume=False, save_every=0, log_every=1, **options,
     )  # fmt: skip
 
 
@@ -108,6 +119,8 @@ def train(method: str, args) -> dict:
     if not args.eval_only:
         if method in CRITIC_METHODS:
             run_ppo(ppo_config(args, out, CRITIC_METHODS[method]))
+        elif method in GRPO_VARIANTS:
+            run_grpo(group_config(args, out, "grpo", **GRPO_VARIANTS[method]))
         else:
             run_grpo(group_config(args, out, method))
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/score/mean" in r]
@@ -116,6 +129,7 @@ def train(method: str, args) -> dict:
         "score": [r["train/score/mean"] for r in rows],
         "kl": [r["train/kl/ref"] for r in rows],
         "entropy": [r["train/policy/entropy"] for r in rows],
+        "clipfrac": [r["train/policy/clipfrac"] for r in rows],
     }
     if method not in CRITIC_METHODS:
         curve["groups_without_signal"] = [r["train/score/groups_without_signal"] for r in rows]
@@ -146,7 +160,8 @@ def _mean(values: list[float]) -> float:
 
 
 def table(runs: dict[str, dict], evals: dict[str, dict]) -> list[dict]:
-    """One row per method: the train curve's ends and the held-out numbers."""
+    """One row per method: the train curve's ends (clipfrac's mean and maximum over the run
+    too) and the held-out numbers."""
     start = evals["base"]["gold"]
     rows = []
     for method, run in runs.items():
@@ -162,6 +177,10 @@ def table(runs: dict[str, dict], evals: dict[str, dict]) -> list[dict]:
             "length": end["length"],
             "kl_logged": _mean(curve["kl"][-LAST:]),
             "kl_eval": end["kl"],
+            "clipfrac_mean": _mean(curve["clipfrac"]),
+            "clipfrac_first": _mean(curve["clipfrac"][:LAST]),
+            "clipfrac_last": _mean(curve["clipfrac"][-LAST:]),
+            "clipfrac_max": max(curve["clipfrac"], default=float("nan")),
         }
         if "groups_without_signal" in curve:
             signal = curve["groups_without_signal"]
@@ -177,9 +196,11 @@ def print_table(rows: list[dict], evals: dict[str, dict]) -> None:
         f"\nheld-out base: digits {base['gold']:.3f}, distinct-2 {base['distinct_2']:.3f}, "
         f"length {base['length']:.1f} tokens"
     )
+    width = max(len("method"), *(len(r["method"]) for r in rows))
     print(
-        f"{'method':<6} {'train first5 -> last5':>22} {'eval start -> end':>19} {'end/start':>9} "
-        f"{'distinct-2':>10} {'length':>6} {'KL logged':>9} {'KL eval':>8} {'no-signal groups':>17}"
+        f"{'method':<{width}} {'train first5 -> last5':>22} {'eval start -> end':>19} "
+        f"{'end/start':>9} {'distinct-2':>10} {'length':>6} {'KL logged':>9} {'KL eval':>8} "
+        f"{'no-signal groups':>17} {'clipfrac mean (first5 -> last5, max)':>36}"
     )
     for r in rows:
         signal = (
@@ -187,11 +208,15 @@ def print_table(rows: list[dict], evals: dict[str, dict]) -> None:
             if "no_signal_first" in r
             else "-"
         )
+        clipfrac = (
+            f"{r['clipfrac_mean']:.3g} ({r['clipfrac_first']:.3g} -> {r['clipfrac_last']:.3g}, "
+            f"{r['clipfrac_max']:.3g})"
+        )
         print(
-            f"{r['method']:<6} {r['train_first']:>10.3f} -> {r['train_last']:<8.3f} "
+            f"{r['method']:<{width}} {r['train_first']:>10.3f} -> {r['train_last']:<8.3f} "
             f"{r['eval_start']:>8.3f} -> {r['eval_end']:<6.3f} {r['ratio']:>9.2f} "
             f"{r['distinct_2']:>10.3f} {r['length']:>6.1f} {r['kl_logged']:>9.2f} "
-            f"{r['kl_eval']:>8.2f} {signal:>17}"
+            f"{r['kl_eval']:>8.2f} {signal:>17} {clipfrac:>36}"
         )
 
 
@@ -233,7 +258,8 @@ def plot(runs: dict[str, dict], path: Path, command: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/rl_digits"))
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    methods = [*METHODS, *GRPO_VARIANTS]
+    parser.add_argument("--methods", nargs="+", choices=methods, default=list(METHODS))
     parser.add_argument("--iterations", type=int, default=100, help="iterations per method")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=42)
