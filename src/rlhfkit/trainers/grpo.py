@@ -68,7 +68,7 @@ logger = logging.getLogger(__name__)
 
 
 class GRPOTrainer(PolicyTrainer):
-    """GRPO / RLOO on tokenised prompts (lists of ids) against ``scorer``.
+    """GRPO / RLOO / REINFORCE++ on tokenised prompts (lists of ids) against ``scorer``.
 
     Args:
         config: a `GRPOConfig`.
