@@ -12,7 +12,12 @@ import pytest
 from helpers import write_jsonl, write_pipeline_data
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError, load_config
-from rlhfkit.evaluation.report import TABLE_COLUMNS, load_eval
+from rlhfkit.evaluation.report import (
+    TABLE_COLUMNS,
+    load_eval,
+    overoptimization,
+    overoptimization_sentence,
+)
 from rlhfkit.models.loading import RewardModel, ValueModel, load_causal_lm
 from rlhfkit.pipeline.config import PipelineConfig, stage_configs
 from rlhfkit.pipeline.run import run_pipeline
@@ -151,7 +156,46 @@ def test_report_from_fake_results(tmp_path):
     ).exists()
     assert (tmp_path / "plots" / "gold_proxy_vs_kl.png").stat().st_size > 10_000
     assert "| total | 1.500 |" in text
+    assert "No over-optimisation within this run: gold is highest at the last point" in text
     assert format_table([{"a": None, "b": 1}]).splitlines()[-1] == "| - | 1 |"
+
+
+def test_overoptimization_is_found_and_stated():
+    """Gao et al.'s picture in words: the point of highest gold, then after it the lowest gold
+    among the points whose proxy is higher (the first points of a real H100 run, with made-up
+    standard errors)."""
+    points = [
+        {"iteration": 0, "kl": 0.0, "reward": -0.606, "gold": 0.242, "gold_se": 0.03},
+        {"iteration": 10, "kl": 5.305, "reward": -0.012, "gold": 0.188, "gold_se": 0.04},
+        {"iteration": 20, "kl": 6.856, "reward": 0.026, "gold": 0.156, "gold_se": 0.04},
+        {"iteration": 30, "kl": 5.726, "reward": 0.099, "gold": 0.195, "gold_se": 0.04},
+    ]
+    found = overoptimization(points)
+    assert found["peak"] is points[0] and found["fall"] is points[2]
+    assert found["z"] == pytest.approx(0.086 / 0.05)  # sqrt(0.03^2 + 0.04^2) = 0.05
+    assert overoptimization_sentence(points) == (
+        "Over-optimisation from the start: gold is highest at iteration 0 (KL 0.00, gold "
+        "0.242), and by iteration 20 (KL 6.86) the proxy rose from -0.606 to 0.026 while gold "
+        "fell from 0.242 to 0.156, 1.7 standard errors of the difference (within noise)."
+    )
+
+    def point(iteration, reward, gold):
+        return {"iteration": iteration, "kl": iteration / 10, "reward": reward, "gold": gold}
+
+    # A lower gold with a lower proxy is not over-optimisation; the later higher proxy is.
+    middle = [point(0, 0.0, 0.1), point(8, 0.5, 0.3), point(16, 0.4, 0.2), point(24, 0.9, 0.25)]
+    found = overoptimization(middle)
+    assert found["peak"]["iteration"] == 8 and found["fall"]["iteration"] == 24
+    assert found["z"] is None  # no standard errors given
+    assert overoptimization_sentence(middle).startswith(
+        "Over-optimisation after iteration 8 (KL 0.80, gold 0.300): by iteration 24"
+    )
+    rising = [point(0, 0.0, 0.1), point(8, 0.5, 0.3)]
+    assert overoptimization(rising)["fall"] is None
+    assert overoptimization_sentence(rising).startswith("No over-optimisation within this run")
+    falling_with_proxy = [point(0, 0.5, 0.3), point(8, 0.2, 0.1)]
+    assert overoptimization_sentence(falling_with_proxy).startswith("Gold peaks at iteration 0")
+    assert overoptimization([point(0, 0.0, None), point(8, 0.5, None)]) is None
 
 
 def test_demo_config_is_valid_for_every_stage():

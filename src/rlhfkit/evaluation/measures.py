@@ -125,7 +125,8 @@ def _mean(x: torch.Tensor | None) -> float | None:
     return None if x is None else x.float().mean().item()
 
 
-def _stderr(x: torch.Tensor | None) -> float | None:
+def standard_error(x: torch.Tensor | None) -> float | None:
+    """The standard error of the mean of ``x`` (None for fewer than two values)."""
     if x is None or len(x) < 2:
         return None
     return (x.float().std() / math.sqrt(len(x))).item()
@@ -141,7 +142,7 @@ def summarize(name: str, samples: PolicySamples, baseline: PolicySamples | None)
     return {
         "model": name,
         "gold": _mean(samples.gold),
-        "gold_se": _stderr(samples.gold),
+        "gold_se": standard_error(samples.gold),
         "reward": _mean(samples.reward),
         "kl": _mean(samples.kl),
         "win_rate_rm": wins("reward"),

@@ -277,6 +277,58 @@ def _results_lines(result: Mapping[str, Any], title: str) -> list[str]:
     ]
 
 
+def overoptimization(points: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Where the gold score stops following the proxy along PPO's evaluation points.
+
+    ``peak``: the point of highest gold (the earliest of equals). ``fall``: after the peak, the
+    point of lowest gold among those whose proxy is above the peak's, i.e. where optimising
+    the reward model further made the gold worse; None where no such point exists. ``z``: the
+    fall in standard errors of the difference, where both points carry ``gold_se``.
+    None without gold scores or with fewer than two points."""
+    scored = [p for p in points if p.get("gold") is not None]
+    if len(scored) < 2:
+        return None
+    peak = max(scored, key=lambda p: p["gold"])  # max keeps the first of equals
+    later = [p for p in scored[scored.index(peak) + 1 :] if p["reward"] > peak["reward"]]
+    fall = min(later, key=lambda p: p["gold"], default=None)
+    if fall is None or fall["gold"] == peak["gold"]:
+        return {"peak": peak, "fall": None, "z": None}
+    ses = (peak.get("gold_se"), fall.get("gold_se"))
+    z = None
+    if None not in ses and (ses[0] ** 2 + ses[1] ** 2) > 0:
+        z = (peak["gold"] - fall["gold"]) / (ses[0] ** 2 + ses[1] ** 2) ** 0.5
+    return {"peak": peak, "fall": fall, "z": z}
+
+
+def overoptimization_sentence(points: Sequence[Mapping[str, Any]]) -> str | None:
+    """``overoptimization`` in words, as the report states it."""
+    found = overoptimization(points)
+    if found is None:
+        return None
+    peak, fall, z = found["peak"], found["fall"], found["z"]
+    iterations = [p["iteration"] for p in points if p.get("gold") is not None]
+    at = f"iteration {peak['iteration']} (KL {peak['kl']:.2f}, gold {peak['gold']:.3f})"
+    if fall is None:
+        if peak["iteration"] == iterations[-1]:
+            return f"No over-optimisation within this run: gold is highest at the last point, {at}."
+        return f"Gold peaks at {at}; no later point has both a higher proxy and a lower gold."
+    start = (
+        f"from the start: gold is highest at {at}, and"
+        if peak["iteration"] == iterations[0]
+        else f"after {at}:"
+    )
+    noise = ""
+    if z is not None:
+        noise = f", {z:.1f} standard errors of the difference" + (
+            " (within noise)" if z < 2 else ""
+        )
+    return (
+        f"Over-optimisation {start} by iteration {fall['iteration']} (KL {fall['kl']:.2f}) the "
+        f"proxy rose from {peak['reward']:.3f} to {fall['reward']:.3f} while gold fell from "
+        f"{peak['gold']:.3f} to {fall['gold']:.3f}{noise}."
+    )
+
+
 def _overoptimization_lines(
     result: Mapping[str, Any], ppo_points: Sequence[Mapping[str, Any]], run_dir: Path
 ) -> list[str]:
@@ -293,6 +345,8 @@ def _overoptimization_lines(
     ]
     if ppo_points:
         lines += ["PPO evaluation points:", "", format_table(ppo_points), ""]
+        verdict = overoptimization_sentence(ppo_points)
+        lines += [verdict, ""] if verdict else []
     if result.get("best_of_n"):
         lines += [
             f"Best-of-n of the SFT model, picked by the reward model, on the first "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.evaluation.evaluate import EvalConfig
-from rlhfkit.evaluation.measures import evaluate_policy, gold_scorer
+from rlhfkit.evaluation.measures import evaluate_policy, gold_scorer, standard_error
 from rlhfkit.tracking import Tracker, format_metrics, read_jsonl
 from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -113,6 +113,7 @@ class PPOEvalPoints:
         }
         if samples.gold is not None:
             point["gold"] = samples.gold.mean().item()
+            point["gold_se"] = standard_error(samples.gold)
         # TensorBoard only: a wandb or mlflow run per point would be one run per point
         tensorboard = [name for name in trainer.config.report_to if name == "tensorboard"]
         with Tracker(self.dir, report_to=tensorboard) as tracker:
@@ -127,7 +128,7 @@ def ppo_points(eval_dir: Path) -> list[dict]:
     return [
         {
             "iteration": r["step"],
-            **{k: r.get(k) for k in ("kl", "reward", "gold")},
+            **{k: r.get(k) for k in ("kl", "reward", "gold", "gold_se")},
             "prompts": int(r.get("prompts", 0)),  # the tracker stores every value as a float
         }
         for r in rows
