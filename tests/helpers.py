@@ -120,6 +120,14 @@ def write_pipeline_data(root) -> None:
         write_jsonl(root / "comparisons" / f"{split}.jsonl", pairs)
 
 
+def on_device(device, **overrides) -> dict:
+    """Trainer config fields that run it on ``device``: on a GPU with its fast settings (bf16
+    autocast, SDPA attention, and so the static-cache CUDA-graph decoding)."""
+    if device.type == "cpu":
+        return {"cpu": True, **overrides}
+    return {"cpu": False, "mixed_precision": "bf16", "attn_implementation": "sdpa", **overrides}
+
+
 def tiny_prompts(tokenizer, n: int = 64) -> list[list[int]]:
     """``n`` prompts of at most 6 token ids from the tiny corpus."""
     return [tokenizer(line)["input_ids"][:6] for line in tiny_corpus(n)]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import TargetFraction, tiny_corpus, tiny_lm, tiny_prompts
+from helpers import TargetFraction, on_device, tiny_corpus, tiny_lm, tiny_prompts
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import PromptCollator
 from rlhfkit.experience.rollout import estimate_advantages, rollout_stats
@@ -326,11 +326,13 @@ def test_the_policy_pass_of_the_experience_is_the_update_s_first(tiny_tokenizer,
     assert stats["policy/clipfrac"] == 0.0
 
 
-def test_several_updates_per_generation_clip_and_count_their_steps(tiny_tokenizer, tmp_path):
+def test_several_updates_per_generation_clip_and_count_their_steps(
+    tiny_tokenizer, tmp_path, device
+):
     prompts = tiny_prompts(tiny_tokenizer)
     config = _config(
         tmp_path, num_iterations=2, steps_per_generation=2, max_steps=2, learning_rate=3e-2,
-        log_every=1,
+        log_every=1, **on_device(device),
     )  # fmt: skip
     trainer = GRPOTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()

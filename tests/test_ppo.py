@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from helpers import TARGETS, TargetFraction, tiny_lm, tiny_prompts
+from helpers import TARGETS, TargetFraction, on_device, tiny_lm, tiny_prompts
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
@@ -59,14 +59,6 @@ def _weights(module):
     return {k: v.detach().cpu().clone() for k, v in module.state_dict().items()}
 
 
-def _on(device, **overrides):
-    """Config fields that run a trainer on ``device``: on a GPU with its fast settings (bf16
-    autocast, SDPA attention, and so the static-cache CUDA-graph decoding)."""
-    if device.type == "cpu":
-        return {"cpu": True, **overrides}
-    return {"cpu": False, "mixed_precision": "bf16", "attn_implementation": "sdpa", **overrides}
-
-
 @pytest.mark.slow
 def test_ppo_learns_a_trivial_reward_with_bounded_kl_and_a_fixed_reference(
     tiny_tokenizer, tmp_path, device
@@ -77,7 +69,7 @@ def test_ppo_learns_a_trivial_reward_with_bounded_kl_and_a_fixed_reference(
     trainer = _trainer(
         tiny_tokenizer,
         tmp_path,
-        **_on(device),
+        **on_device(device),
         max_steps=25,
         rollout_batch_size=32,
         batch_size=16,
@@ -167,14 +159,16 @@ def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_p
 )
 def test_resume_continues_exactly(options, tiny_tokenizer, tmp_path, device):
     straight = _trainer(
-        tiny_tokenizer, tmp_path / "straight", **_on(device, max_steps=2, **options)
+        tiny_tokenizer, tmp_path / "straight", **on_device(device, max_steps=2, **options)
     )
     straight.train()
 
-    first = _trainer(tiny_tokenizer, tmp_path / "resumed", **_on(device, max_steps=2, **options))
+    first = _trainer(
+        tiny_tokenizer, tmp_path / "resumed", **on_device(device, max_steps=2, **options)
+    )
     first.train(stop_after=1)
     assert (tmp_path / "resumed" / "run" / "checkpoint-1").is_dir()
-    resumed = _on(device, max_steps=2, resume=True, **options)
+    resumed = on_device(device, max_steps=2, resume=True, **options)
     second = _trainer(tiny_tokenizer, tmp_path / "resumed", **resumed)
     second.train()
     assert second.state.step == 2 and second.state.complete
@@ -225,7 +219,7 @@ def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_p
     critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
     base_before = {k: v.clone() for k, v in policy.state_dict().items() if "lora_" not in k}
     trainer = PPOTrainer(
-        _config(tmp_path, **_on(device, lora=True, max_steps=1)),
+        _config(tmp_path, **on_device(device, lora=True, max_steps=1)),
         policy,
         tiny_tokenizer,
         tiny_prompts(tiny_tokenizer),
