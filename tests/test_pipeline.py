@@ -205,3 +205,4 @@ def test_demo_config_is_valid_for_every_stage():
     assert stages.ppo.model == stages.dpo.model == stages.eval.reference == "runs/x/sft/final"
     assert stages.ppo.reward_model == stages.eval.reward_model == "runs/x/reward/final"
     assert max(stages.eval.best_of_n) == 16
+    assert stages.eval.max_prompt_length == stages.ppo.max_prompt_length  # prompts as PPO saw them

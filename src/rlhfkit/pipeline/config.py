@@ -345,6 +345,7 @@ def _eval_config(
         comparisons=config.data("comparisons"),
         max_length=reward.max_length,
         split="test",
+        max_prompt_length=ppo.max_prompt_length,
         max_new_tokens=ppo.max_new_tokens,
         temperature=ppo.temperature,
         chat_template=ppo.chat_template,
