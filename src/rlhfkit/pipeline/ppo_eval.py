@@ -15,6 +15,7 @@ from pathlib import Path
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.evaluation.evaluate import EvalConfig
 from rlhfkit.evaluation.measures import evaluate_policy, gold_scorer, standard_error
+from rlhfkit.runtime.machine import Runtime
 from rlhfkit.tracking import Tracker, format_metrics, read_jsonl
 from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -84,6 +85,13 @@ class PPOEvalPoints:
         )
         ppo = trainer.config
         self.sampling = SamplingConfig(ppo.max_new_tokens, ppo.temperature)
+        # sampled and scored at the final evaluation's precision, so its table continues the curve
+        self.runtime = Runtime(
+            device=trainer.runtime.device,
+            bf16=ev.mixed_precision == "bf16",
+            attention=None,
+            side_by_side=False,
+        )
         self.trainer, self.gold, self.eval = trainer, gold_scorer(task), ev
         self.dir = eval_dir
         self.done = {row["step"] for row in read_jsonl(self.dir / "metrics.jsonl")}
@@ -94,7 +102,7 @@ class PPOEvalPoints:
         if iteration in self.done:
             return
         trainer = self.trainer
-        with ckpt.preserved_rng():
+        with ckpt.preserved_rng(), self.runtime.autocast():
             samples = evaluate_policy(
                 causal_lm(trainer.models.policy),
                 trainer.models.reference,
@@ -105,6 +113,7 @@ class PPOEvalPoints:
                 gold=self.gold,
                 seed=self.eval.seed,
                 batch_size=self.eval.batch_size,
+                runtime=self.runtime,
             )
         point = {
             "kl": samples.kl.mean().item(),
