@@ -77,6 +77,11 @@ def test_every_stage_leaves_a_loadable_model_and_the_report_is_filled(finished):
     points = [json.loads(line) for line in (run / "ppo_eval" / "metrics.jsonl").open()]
     assert [p["step"] for p in points] == [0, 1, 2]
     assert points[0]["kl"] == 0.0  # the SFT model against itself
+    # The curve's last point is the table's PPO row: the same prompts (ppo_eval_prompts =
+    # max_prompts), seed and precision, the live policy against the saved one.
+    ppo_row = next(r for r in rows if r["model"] == "ppo")
+    assert points[-1]["kl"] == pytest.approx(ppo_row["kl"], abs=1e-5)
+    assert points[-1]["gold"] == pytest.approx(ppo_row["gold"], abs=1e-6)
     timings = json.loads((run / "pipeline.json").read_text())
     assert all(timings[s]["status"] == "done" and timings[s]["seconds"] > 0 for s in STAGES)
 

@@ -81,24 +81,22 @@ def sample_kl(
     """Per-sample KL estimate log pi(y|x) - log ref(y|x), (N,), on samples y ~ pi.
 
     ``reference=None``: the policy with its LoRA adapter disabled (``lora.reference_mode``).
-    Always in float32, whatever autocast surrounds the call: bf16 rounds the logits to a step
-    of 1/8 at the magnitudes an LM head produces, which over a response's tokens moves each
-    model's summed log-prob by nats, differently for two models (docs/instructions.md,
-    "Measuring KL").
+    Computed at the precision of the surrounding autocast, which must be the one the samples
+    were drawn at: a model trained under bf16 autocast is, in float32, a different model
+    (docs/instructions.md, "Measuring KL"), and samples of one view scored by the other
+    estimate no KL at all.
     """
     policy.eval()
     kls = []
-    device = batches[0].query.device.type if batches else "cpu"
-    with torch.autocast(device, enabled=False):
-        for batch in batches:
-            logp = response_logprob(policy, batch, temperature)  # (B,)
-            if reference is None:
-                with reference_mode(policy) as ref:
-                    ref_logp = response_logprob(ref, batch, temperature)
-            else:
-                reference.eval()
-                ref_logp = response_logprob(reference, batch, temperature)
-            kls.append((logp - ref_logp).cpu())
+    for batch in batches:
+        logp = response_logprob(policy, batch, temperature)  # (B,)
+        if reference is None:
+            with reference_mode(policy) as ref:
+                ref_logp = response_logprob(ref, batch, temperature)
+        else:
+            reference.eval()
+            ref_logp = response_logprob(reference, batch, temperature)
+        kls.append((logp - ref_logp).cpu())
     return torch.cat(kls)
 
 
