@@ -192,9 +192,11 @@ def test_overoptimization_is_found_and_stated():
     found = overoptimization(middle)
     assert found["peak"]["iteration"] == 8 and found["fall"]["iteration"] == 24
     assert found["z"] is None  # no standard errors given
-    assert overoptimization_sentence(middle).startswith(
+    sentence = overoptimization_sentence(middle)
+    assert sentence.startswith(
         "Over-optimisation after iteration 8 (KL 0.80, gold 0.300): by iteration 24"
     )
+    assert sentence.endswith("(no standard errors recorded: it may be noise).")
     rising = [point(0, 0.0, 0.1), point(8, 0.5, 0.3)]
     assert overoptimization(rising)["fall"] is None
     assert overoptimization_sentence(rising).startswith("No over-optimisation within this run")

@@ -317,7 +317,7 @@ def overoptimization_sentence(points: Sequence[Mapping[str, Any]]) -> str | None
         if peak["iteration"] == iterations[0]
         else f"after {at}:"
     )
-    noise = ""
+    noise = " (no standard errors recorded: it may be noise)"
     if z is not None:
         noise = f", {z:.1f} standard errors of the difference" + (
             " (within noise)" if z < 2 else ""
