@@ -19,6 +19,9 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
+
+import torch
 
 from rlhfkit.config import ConfigError, RewardOptions, checked_sampling
 from rlhfkit.data import Message, pad
@@ -108,6 +111,10 @@ class ChatConfig(RewardOptions):
     """A system message put first in the conversation."""
     seed: int | None = None
     """Seed of the sampler, for reproducible replies; None draws a fresh one."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """'bf16': reply and score under bf16 autocast, the model a run trained with
+    `mixed_precision: bf16` saw (its float32 weights alone can be a different model:
+    docs/instructions.md, "Measuring KL"); 'no': float32."""
 
     def __post_init__(self) -> None:
         self._check_rewards(required=False)
@@ -146,13 +153,21 @@ def _quiet_data_reports() -> Iterator[None]:
         data_logger.setLevel(level)
 
 
+def _precision(agent: LMAgent, mixed_precision: str) -> torch.autocast:
+    """The autocast every pass of the command runs under (a no-op for 'no')."""
+    return torch.autocast(
+        agent.device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16"
+    )
+
+
 def run_chat(config: ChatConfig) -> None:
     """Load the model (and the reward's scorer), then chat until /quit or end of input."""
     with _quiet_data_reports():
         agent = LMAgent.from_pretrained(config.model, sampling=config.sampling, seed=config.seed)
         scorer = _scorer(config, agent)
         print(BANNER.format(model=terminal_text(config.model)), flush=True)
-        chat_loop(agent, scorer, system=config.system)
+        with _precision(agent, config.mixed_precision):
+            chat_loop(agent, scorer, system=config.system)
 
 
 @dataclass(kw_only=True)
@@ -179,6 +194,8 @@ class SampleConfig(RewardOptions):
     """Always take the most likely token (one sample per prompt is then enough)."""
     seed: int = 0
     """Seed of the sampler."""
+    mixed_precision: Literal["no", "bf16"] = "no"
+    """'bf16': sample and score under bf16 autocast, as a run trained with it; 'no': float32."""
 
     def __post_init__(self) -> None:
         if self.num_samples < 1:
@@ -206,14 +223,16 @@ def _sample_and_print(config: SampleConfig) -> None:
     prompts = [p for p in given for _ in range(config.num_samples)]
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     query, query_mask = pad(ids, tok.pad_token_id, side="left")
-    out = agent._generate(query.to(agent.device), query_mask.to(agent.device))
+    with _precision(agent, config.mixed_precision):
+        out = agent._generate(query.to(agent.device), query_mask.to(agent.device))
     texts = [
         tok.decode(row[mask.bool()], skip_special_tokens=True)
         for row, mask in zip(out.response, out.response_mask, strict=True)
     ]
     scorer, scores = _scorer(config, agent), None
     if scorer is not None:
-        scores = score_texts(scorer, tok, prompts, texts, token_budget(tok), agent.device)
+        with _precision(agent, config.mixed_precision):
+            scores = score_texts(scorer, tok, prompts, texts, token_budget(tok), agent.device)
     for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
         shown = f"[{scores[i].item():+.3f}] " if scores is not None else ""
         print(
