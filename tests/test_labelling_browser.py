@@ -383,6 +383,17 @@ def test_on_a_phone_the_vote_is_in_reach_and_a_failure_is_plain(browser, shots, 
     store.add_tasks([("A long one.", [f"First: {long}", f"Second: {long}"])])
     store.close()
     page = browser.new_page(viewport={"width": 390, "height": 844})
+    refusing = []
+
+    def votes(route):
+        if refusing:
+            route.fulfill(status=409, json={"error": "pat already voted on task 1"})
+        else:
+            route.continue_()
+
+    # Intercepting from the first request on, not from the vote's: a route added just before
+    # the key was once passed by the vote (the page went on to the next task).
+    page.route("**/api/votes", votes)
     with serve_in_thread(db, labels_per_task=1) as url:
         page.goto(url)
         page.fill("#name", "pat")
@@ -398,10 +409,7 @@ def test_on_a_phone_the_vote_is_in_reach_and_a_failure_is_plain(browser, shots, 
         assert before
         page.screenshot(path=shots / "labelling-pair-phone.png")
 
-        def refuse(route):
-            route.fulfill(status=409, json={"error": "pat already voted on task 1"})
-
-        page.route("**/api/votes", refuse)
+        refusing.append(True)
         page.keyboard.press("x")
         status = page.locator("#status.problem")
         status.wait_for()
