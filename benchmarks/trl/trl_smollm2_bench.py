@@ -77,20 +77,15 @@ def instructions_reward(prompts, completions, **kwargs):
 
 
 def trainer_args(args) -> dict:
-    return dict(
-        output_dir=args.out_dir,
-        max_steps=args.steps,
-        gradient_accumulation_steps=1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=args.seed,
-        use_cpu=True,
-        dataloader_num_workers=0,
-        bf16=True,
-        gradient_checkpointing=False,
-    )
+    """``trl_common.cpu_args`` in bf16 autocast, as rlhfkit's side of the bench runs."""
+    return {
+        **pc.cpu_args(args),
+        "output_dir": args.out_dir,
+        "max_steps": args.steps,
+        "gradient_accumulation_steps": 1,
+        "bf16": True,
+        "gradient_checkpointing": False,
+    }
 
 
 def grpo_trainer(args, model, tok, lora):

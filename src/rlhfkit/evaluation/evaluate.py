@@ -178,7 +178,7 @@ class _Setup:
         if config.reward_model is not None:
             rm = load_reward_scorer(config.reward_model, tokenizer).to(device)
         bf16 = config.mixed_precision == "bf16"
-        runtime = Runtime(device=device, bf16=bf16, attention=None, side_by_side=False)
+        runtime = Runtime.inference(device, bf16)
         runtime.start()
         common = {
             "reward": rm,

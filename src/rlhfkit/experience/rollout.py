@@ -346,7 +346,7 @@ class ExperienceMaker:
         own device, in fp32 unless ``runtime`` says otherwise."""
         if runtime is None:
             device = model_device(policy)
-            runtime = Runtime(device=device, bf16=False, attention=None, side_by_side=False)
+            runtime = Runtime.inference(device)
         models = RolloutModels(policy, reference=None, critic=None)
         return cls(models, None, tokenizer, RolloutSettings(sampling=sampling), runtime)
 

@@ -29,6 +29,7 @@ from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import ScoreInput, Scorer, WeightedScorer
 from rlhfkit.interact.env import LMAgent, encode_for_scoring, score_texts, token_budget
+from rlhfkit.runtime.machine import Runtime
 from rlhfkit.text import terminal_text
 
 BANNER = "Chatting with {model}. /reset clears the history, /quit (or Ctrl-D) exits."
@@ -155,9 +156,7 @@ def _quiet_data_reports() -> Iterator[None]:
 
 def _precision(agent: LMAgent, mixed_precision: str) -> torch.autocast:
     """The autocast every pass of the command runs under (a no-op for 'no')."""
-    return torch.autocast(
-        agent.device.type, dtype=torch.bfloat16, enabled=mixed_precision == "bf16"
-    )
+    return Runtime.inference(agent.device, mixed_precision == "bf16").autocast()
 
 
 def run_chat(config: ChatConfig) -> None:

@@ -86,12 +86,7 @@ class PPOEvalPoints:
         ppo = trainer.config
         self.sampling = SamplingConfig(ppo.max_new_tokens, ppo.temperature)
         # sampled and scored at the final evaluation's precision, so its table continues the curve
-        self.runtime = Runtime(
-            device=trainer.runtime.device,
-            bf16=ev.mixed_precision == "bf16",
-            attention=None,
-            side_by_side=False,
-        )
+        self.runtime = Runtime.inference(trainer.runtime.device, ev.mixed_precision == "bf16")
         self.trainer, self.gold, self.eval = trainer, gold_scorer(task), ev
         self.dir = eval_dir
         self.done = {row["step"] for row in read_jsonl(self.dir / "metrics.jsonl")}

@@ -109,6 +109,12 @@ class Runtime:
             sharded=fsdp and state.num_processes > 1,
         )
 
+    @classmethod
+    def inference(cls, device: torch.device, bf16: bool = False) -> Runtime:
+        """One process sampling and scoring, outside a run: each model's own attention, one
+        pass at a time, bf16 autocast where asked."""
+        return cls(device=device, bf16=bf16, attention=None, side_by_side=False)
+
     def start(self) -> None:
         """Process-wide settings, once: on a CPU, freed memory is kept for the next step (no
         page faults on each step's activations)."""
