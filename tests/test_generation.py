@@ -1,6 +1,8 @@
 """Sampling with a KV cache: EOS handling, masks, left padding, filtering, reproducibility."""
 
+import functools
 import logging
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
@@ -8,7 +10,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from rlhfkit.data import pad
+from rlhfkit.experience import generation
 from rlhfkit.experience.generation import SamplingConfig, filter_logits, generate, sample_next_token
+from rlhfkit.models.lora import add_lora
 from rlhfkit.runtime.decoding import cache_name, static_cache_supported
 from rlhfkit.runtime.packing import enable_packing
 
@@ -237,6 +241,50 @@ def test_the_static_cache_under_bf16_autocast(build, device):
             out = generate(model, query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD)
         responses.append(out.response)
     assert torch.equal(*responses)
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_frozen_weights_are_cast_once_and_decode_the_same_tokens(cache, device, monkeypatch):
+    """Under bf16 autocast, a LoRA model's frozen weights (and its tied LM head) are held in
+    bf16 for the decode loop, which samples exactly the tokens the per-call casts give, and
+    are put back afterwards; weights that take gradients are left to autocast's cache."""
+    model = add_lora(_llama("sdpa"), target_modules=["q_proj", "v_proj"]).to(device)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:  # a trained adapter: B starts at zero
+                weight.normal_(0, 0.3)
+    query, query_mask = (
+        x.to(device) for x in pad([[5, 6, 7, 8, 9, 10], [11, 12], [13]], PAD, side="left")
+    )
+    config = SamplingConfig(16, temperature=1.3, cache_implementation=cache)
+    before = dict(model.named_parameters())
+    seen = {}
+
+    def record(name, module, args):
+        seen.setdefault(name, module.weight.dtype)
+
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(functools.partial(record, name))
+
+    def sample():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            generator = torch.Generator(device).manual_seed(4)
+            return generate(
+                model, query, query_mask, config, eos_token_id=EOS, pad_token_id=PAD,
+                generator=generator,
+            ).response  # fmt: skip
+
+    cast_once = sample()
+    lm_head = "base_model.model.lm_head"
+    assert seen[lm_head] == torch.bfloat16  # tied to the embedding, which stays float32
+    assert seen["base_model.model.model.layers.0.mlp.up_proj"] == torch.bfloat16
+    assert seen["base_model.model.model.layers.0.self_attn.q_proj.base_layer"] == torch.bfloat16
+    assert seen["base_model.model.model.layers.0.self_attn.q_proj.lora_A.default"] == torch.float32
+    assert dict(model.named_parameters()) == before  # the same tensors, float32
+    assert all(w.dtype == torch.float32 for w in before.values())
+    monkeypatch.setattr(generation, "frozen_weights_cast_once", lambda model: nullcontext())
+    assert torch.equal(cast_once, sample())
 
 
 def test_sampling_is_reproducible_with_a_seeded_generator(decisive_model):

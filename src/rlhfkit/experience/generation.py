@@ -25,6 +25,7 @@ import torch
 from rlhfkit.ops.masks import position_ids_from_mask, truncate_after_eos
 from rlhfkit.runtime.decoding import CACHE_IMPLEMENTATIONS, decoder_for
 from rlhfkit.runtime.distributed import all_over_ranks
+from rlhfkit.runtime.machine import frozen_weights_cast_once
 from rlhfkit.runtime.sharding import is_sharded
 
 
@@ -147,6 +148,12 @@ def generate(
     """
     if eos_token_id == pad_token_id:
         raise ValueError(f"eos_token_id and pad_token_id are both {eos_token_id}: must differ")
+    with frozen_weights_cast_once(model):
+        return _sample(model, query, query_mask, config, eos_token_id, pad_token_id, generator)
+
+
+def _sample(model, query, query_mask, config, eos_token_id, pad_token_id, generator):
+    """``generate``'s loop, its arguments checked."""
     decoder = decoder_for(model, query_mask, config.max_new_tokens, config.cache_implementation)
     positions = position_ids_from_mask(query_mask)  # (B, Tq)
     logits = decoder.prefill(query, positions)  # (B, V)

@@ -30,6 +30,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -40,6 +42,7 @@ from transformers import PreTrainedModel
 from rlhfkit.runtime.activations import fuse_gelu
 from rlhfkit.runtime.allocator import retain_freed_memory
 from rlhfkit.runtime.packing import enable_packing
+from rlhfkit.runtime.sharding import is_sharded
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +134,37 @@ class Runtime:
         if trained and self.checkpointing:
             checkpoint_activations(model)
         return prepare_model(model, self.attention, packed).to(self.device)
+
+
+@contextmanager
+def frozen_weights_cast_once(model: nn.Module) -> Iterator[None]:
+    """Under autocast, the frozen weights of ``model``'s linear layers held in the autocast
+    dtype while the block runs, then put back as they were: the same numbers, one cast.
+
+    Autocast keeps its cast of a weight that takes gradients for the whole autocast region,
+    but casts a frozen one again at every call: in a decode loop, a LoRA model's base
+    weights, a tied LM head or a reference model are copied into bf16 once per token
+    (docs/instructions.md, "Where the time goes"). Not for a sharded model (its weights are
+    gathered per pass) nor for a block that trains (the weights must stay the optimiser's)."""
+    weights = [p for p in model.parameters() if p.is_floating_point()]
+    device = weights[0].device.type if weights else "cpu"
+    if not torch.is_autocast_enabled(device) or is_sharded(model):
+        yield
+        return
+    dtype = torch.get_autocast_dtype(device)
+    swapped = []
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        frozen = isinstance(module, nn.Linear) and not weight.requires_grad
+        if frozen and weight.dtype == torch.float32:
+            cast = nn.Parameter(weight.detach().to(dtype), requires_grad=False)
+            module._parameters["weight"] = cast
+            swapped.append((module, weight))
+    try:
+        yield
+    finally:
+        for module, weight in swapped:
+            module._parameters["weight"] = weight
 
 
 def checkpoint_activations(model: nn.Module) -> nn.Module:
