@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from peft import PeftModel
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlhfkit.data import pad
 from rlhfkit.experience.generation import SamplingConfig
@@ -19,6 +21,7 @@ from rlhfkit.experience.rollout import (
     explained_variance,
 )
 from rlhfkit.experience.scorers import FunctionScorer, ScoreError
+from rlhfkit.models.lora import add_lora
 from rlhfkit.models.passes import critic_values, sequence_inputs
 from rlhfkit.ops.advantages import gae
 from rlhfkit.ops.masks import last_token_index, masked_mean
@@ -64,6 +67,9 @@ class PositionCritic(torch.nn.Module):
 class Tokenizer:
     eos_token_id, pad_token_id = EOS, PAD
 
+    def __len__(self):
+        return VOCAB
+
     def batch_decode(self, ids, skip_special_tokens=True):
         return [" ".join(str(t) for t in row.tolist() if t not in (EOS, PAD)) for row in ids]
 
@@ -84,11 +90,15 @@ def _rollout(
     scorer=None,
     critic=None,
     parallel=False,
+    policy=None,
     **settings,
 ):
     query, query_mask = pad([[3, 4, 5], [7], [2, 6]], PAD, side="left")  # ragged, left-padded
-    policy = BigramLM(_table() if table is None else table)
     reference = BigramLM(_table(seed=1))
+    if policy is None:
+        policy = BigramLM(_table() if table is None else table)
+    elif isinstance(policy, PeftModel):
+        reference = None  # the policy with its adapter off
     sampling = SamplingConfig(max_new_tokens=5, temperature=temperature, greedy=greedy)
     maker = ExperienceMaker(
         RolloutModels(policy, reference, critic or PositionCritic()),
@@ -218,6 +228,46 @@ def test_side_by_side_passes_give_the_same_rollout(two_threads):
             a, b = getattr(runs[False], field.name), getattr(runs[True], field.name)
             assert torch.equal(a, b) if torch.is_tensor(a) else a == b, field.name
     assert set(runs[True].timings) == {"generate", "forward", "score"}
+
+
+def test_a_lora_policy_and_its_reference_run_beside_the_critic_and_scorer(two_threads):
+    """With LoRA the reference is the policy with its adapter off: both passes run in one
+    group, the critic's and the scorer beside them; the same rollout as all in turn."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, initializer_range=0.5,
+    )  # fmt: skip
+    policy = add_lora(LlamaForCausalLM(config).eval(), target_modules=["q_proj", "v_proj"])
+    with torch.no_grad():
+        for name, weight in policy.named_parameters():
+            if "lora_B" in name:  # a trained adapter: the reference differs from the policy
+                weight.normal_(0, 0.5)
+    meet = {}  # with parallel: the policy's passes and the scorer at once, or the barrier breaks
+
+    def wait(module, args, kwargs):
+        if not kwargs.get("use_cache") and meet.pop("policy", None):  # a pass, not sampling
+            meet["barrier"].wait()
+
+    def score(prompts, responses):
+        if "barrier" in meet:
+            meet["barrier"].wait()
+        return [float(len(r)) for r in responses]
+
+    policy.register_forward_pre_hook(wait, with_kwargs=True)
+    runs = {}
+    for parallel in (False, True):
+        if parallel:
+            meet.update(barrier=threading.Barrier(2, timeout=30), policy=True)
+        runs[parallel] = _rollout(
+            kl_coef=0.1, scorer=FunctionScorer(score), policy=policy, parallel=parallel
+        )
+    assert "policy" not in meet  # the policy ran a pass after sampling: the barrier was met
+    assert not torch.equal(runs[True].logprobs, runs[True].ref_logprobs)
+    for field in dataclasses.fields(Rollout):
+        if field.name != "timings":
+            a, b = getattr(runs[False], field.name), getattr(runs[True], field.name)
+            assert torch.equal(a, b) if torch.is_tensor(a) else a == b, field.name
 
 
 def test_a_failing_scorer_beside_the_passes_names_the_sample(two_threads):

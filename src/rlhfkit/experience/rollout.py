@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -281,15 +282,13 @@ def load_rollout_models(
     return RolloutModels(policy, reference, value_model)
 
 
-def _policy_passes(
+def _policy_pass(
     models: RolloutModels, inputs: dict, response: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(logprobs, entropy, values), each (b, Tr), of the policy and the critic for one chunk;
-    values None without either a critic or a value head."""
+    """(logprobs, entropy, values), each (b, Tr), of the policy for one chunk; values those of
+    its value head, None without one."""
     logprobs, logits, values = response_logprobs(models.policy, inputs, response, temperature)
     entropy = entropy_from_logits(logits)  # (b, Tr)
-    if models.critic is not None:
-        values = critic_values(models.critic, inputs, response.shape[1])  # (b, Tr)
     return logprobs, entropy, None if values is None else values.float()
 
 
@@ -446,11 +445,16 @@ class ExperienceMaker:
         policy_pass: bool,
     ) -> tuple:
         """Step 2: (logprobs, entropy, values, ref_logprobs) (B, Tr) each, raw scores (B,) and
-        the scorer's seconds; the first three None without ``policy_pass``, ref_logprobs None
-        without a reference. The policy and critic passes run beside the reference pass and
-        the scorer when the runtime says so, each side on half the CPU's threads
-        (``parallel.py``): the same numbers, sooner (docs/ppo.md). A LoRA policy, whose
-        reference is the same module with its adapter off, runs them in turn."""
+        the scorer's seconds; logprobs and entropy None without ``policy_pass``, values
+        without a critic or value head, ref_logprobs without a reference.
+
+        When the runtime says so the passes run in two groups side by side, each on half the
+        CPU's threads (``parallel.py``): the same numbers, sooner (docs/ppo.md). The policy
+        module's passes go together: its own, and the reference's when that is the policy
+        with its LoRA adapter off, the critic's then going beside them with the scorer;
+        a separate reference goes beside the policy with the scorer, the critic with the
+        policy. A group without a model pass beside the policy's gains nothing, so then
+        everything runs in turn."""
         models, temperature = self.models, self.settings.sampling.temperature
         rows = torch.arange(len(query), device=query.device).split(
             self.settings.forward_batch_size or len(query)
@@ -461,26 +465,51 @@ class ExperienceMaker:
             for r in rows
         ]
 
-        def policy_side() -> list[torch.Tensor | None]:  # logprobs, entropy, values
-            if not policy_pass:
-                return [None, None, None]
-            with self.runtime.autocast():
-                parts = [_policy_passes(models, *chunk, temperature) for chunk in chunks]
+        def policy() -> list[torch.Tensor | None]:  # logprobs, entropy, values of a value head
+            parts = [_policy_pass(models, *chunk, temperature) for chunk in chunks]
             return [None if p[0] is None else torch.cat(p) for p in zip(*parts, strict=True)]
 
-        def reference_side() -> tuple[torch.Tensor | None, torch.Tensor, float]:
-            ref = None
-            with self.runtime.autocast():
-                if models.has_reference:
-                    parts = [_reference_logprobs(models, *chunk, temperature) for chunk in chunks]
-                    ref = torch.cat(parts)
-                scoring = time.perf_counter()
-                raw = self.scorer(batch)  # (B,)
-            return ref, raw, time.perf_counter() - scoring
+        def critic() -> torch.Tensor:
+            width = out.response.shape[1]
+            return torch.cat([critic_values(models.critic, c[0], width) for c in chunks]).float()
 
-        side_by_side = self.runtime.side_by_side and models.reference is not None and policy_pass
-        policy, reference = run_parallel([policy_side, reference_side], enabled=side_by_side)
-        return (*policy, *reference)
+        def reference() -> torch.Tensor:
+            return torch.cat([_reference_logprobs(models, *chunk, temperature) for chunk in chunks])
+
+        def score() -> tuple[torch.Tensor, float]:
+            started = time.perf_counter()
+            return self.scorer(batch), time.perf_counter() - started
+
+        passes = {"score": score}
+        if policy_pass:
+            passes["policy"] = policy
+            if models.critic is not None:
+                passes["critic"] = critic
+        if models.has_reference:
+            passes["reference"] = reference
+        lora_reference = models.reference is None
+        with_policy = {"policy", "reference" if lora_reference else "critic"}
+        groups = [
+            [n for n in passes if n in with_policy],
+            [n for n in passes if n not in with_policy],
+        ]
+
+        def group(names: list[str]) -> Callable[[], dict]:
+            def run() -> dict:
+                with self.runtime.autocast():
+                    return {name: passes[name]() for name in names}
+
+            return run
+
+        beside = self.runtime.side_by_side and bool({"critic", "reference"} & set(groups[1]))
+        results = {}
+        for part in run_parallel(
+            [group(names) for names in groups], enabled=beside and all(groups)
+        ):
+            results.update(part)
+        logprobs, entropy, values = results.get("policy", [None, None, None])
+        values = results.get("critic", values)
+        return (logprobs, entropy, values, results.get("reference"), *results["score"])
 
 
 def estimate_advantages(
