@@ -5,6 +5,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from helpers import TARGETS, TargetFraction, on_device, tiny_lm, tiny_prompts
 from rlhfkit import checkpoint as ckpt
@@ -233,6 +234,27 @@ def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_p
     after = _weights(policy)
     assert all(torch.equal(base_before[k], after[k]) for k in base_before)
     assert any(not torch.equal(v, 0 * v) for k, v in after.items() if "lora_B" in k)
+
+
+def test_policy_and_critic_started_from_bf16_weights_are_saved_in_bf16(tiny_tokenizer, tmp_path):
+    """Under bf16 autocast each trained model whose start was stored in bf16 is saved in bf16
+    (the weights its passes used), the policy's and the critic's, and trains on in float32."""
+    start = tmp_path / "bf16_start"
+    tiny_lm(tiny_tokenizer).to(torch.bfloat16).save_pretrained(start)
+    overrides = dict(model=str(start), critic_model=str(start), mixed_precision="bf16")
+    trainer = _trainer(tiny_tokenizer, tmp_path, **overrides, max_steps=1)
+    trainer.train()
+    final = tmp_path / "run" / "final"
+    for weights in (
+        "model.safetensors",
+        "critic/model.safetensors",
+        "critic/score_head.safetensors",
+    ):
+        assert {v.dtype for v in load_file(final / weights).values()} == {torch.bfloat16}
+    policy = trainer.models.policy.state_dict()
+    saved = load_file(final / "model.safetensors")
+    assert all(torch.equal(v, policy[k].to(torch.bfloat16)) for k, v in saved.items())
+    assert all(v.dtype == torch.float32 for v in trainer.trainable.state_dict().values())
 
 
 def test_a_lora_run_writes_plain_models_that_stock_transformers_load(tiny_tokenizer, tmp_path):

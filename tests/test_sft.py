@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlhfkit.config import SFTConfig
@@ -139,3 +140,41 @@ def test_run_sft_from_files(tiny_model_dir, tmp_path):
     state = json.loads((final / "trainer_state.json").read_text())
     assert state["complete"] and state["step"] == 4 and "nll" in state["eval_metrics"]
     assert run_sft(config) == final  # complete: returns without training again
+
+
+@pytest.mark.parametrize(
+    "precision, lora, saved_dtype",
+    [("bf16", False, torch.bfloat16), ("no", False, torch.float32), ("bf16", True, torch.float32)],
+    ids=["bf16-autocast", "float32", "bf16-autocast-lora"],
+)
+def test_a_model_stored_in_bf16_keeps_what_its_bf16_passes_trained(
+    tiny_model_dir, tiny_tokenizer, tmp_path, precision, lora, saved_dtype
+):
+    """From weights stored in bf16, trained under bf16 autocast, final/ holds the float32
+    master weights rounded to bf16 (what every forward pass computed with), and the model
+    trains on in float32; trained in float32, or with LoRA, final/ is float32."""
+    start = tmp_path / "bf16_start"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16).save_pretrained(
+        start
+    )
+    tiny_tokenizer.save_pretrained(start)
+    train, _ = encode_demonstrations(qa_demos(16, seed=1), tiny_tokenizer, 64)
+    held_out, _ = encode_demonstrations(qa_demos(8, seed=2), tiny_tokenizer, 64)
+    config = _config(
+        tmp_path, start, mixed_precision=precision, lora=lora, max_steps=2, eval_every=0,
+        lora_target_modules=["c_attn"],
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(start, dtype=torch.float32)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = SFTTrainer(config, model, tiny_tokenizer, train, held_out)
+    trainer.train()
+    final = tmp_path / "sft" / "final"
+    saved = load_file(final / "model.safetensors")
+    assert {v.dtype for v in saved.values()} == {saved_dtype}
+    assert json.loads((final / "config.json").read_text())["dtype"] == str(saved_dtype)[6:]
+    masters = trainer.unwrapped_model.state_dict()
+    assert all(v.dtype == torch.float32 for v in masters.values())
+    if not lora:
+        assert all(torch.equal(v, masters[k].to(saved_dtype)) for k, v in saved.items())
+        moved = [k for k, v in saved.items() if not torch.equal(v, before[k].to(saved_dtype))]
+        assert moved  # it trained (past bf16's resolution somewhere)

@@ -313,6 +313,18 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+def stored_dtype(path_or_name: str | os.PathLike, revision: str | None = None):
+    """The dtype a checkpoint's weights are stored in, as its ``config.json`` says (``dtype``,
+    or the older ``torch_dtype``); None where there is no such file or field."""
+    config_path = model_file(path_or_name, "config.json", revision)
+    if config_path is None:
+        return None
+    config = json.loads(Path(config_path).read_text())
+    name = config.get("dtype") or config.get("torch_dtype")
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    return dtype if isinstance(dtype, torch.dtype) else None
+
+
 def freeze(model: nn.Module) -> nn.Module:
     """Eval mode and no gradients: the frozen reference of the KL penalty."""
     model.eval()

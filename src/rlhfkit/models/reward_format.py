@@ -117,7 +117,9 @@ def restore_exact(model: nn.Module, path_or_name: str | os.PathLike, revision=No
     state = model.state_dict()
     checks = {k.removeprefix("check."): v for k, v in side.items() if k.startswith("check.")}
     restore = {k: v for k, v in side.items() if not k.startswith("check.")}
-    if not all(k in state and torch.equal(state[k].cpu(), v) for k, v in checks.items()):
+    # In the file's dtype: a model stored in bf16 and loaded in float32 holds the same values.
+    same = (k in state and torch.equal(state[k].cpu().to(v.dtype), v) for k, v in checks.items())
+    if not all(same):
         logger.warning(
             "%s: %s does not match the weights (changed since rlhfkit saved them); ignored",
             path_or_name,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -137,6 +137,37 @@ class Runtime:
 
 
 @contextmanager
+def parameters_cast(
+    model: nn.Module,
+    dtype: torch.dtype,
+    select: Callable[[nn.Module, str, nn.Parameter], bool] | None = None,
+) -> Iterator[None]:
+    """``model``'s float32 parameters (those ``select(module, name, parameter)`` picks, or
+    all) held as ``dtype`` copies while the block runs, then put back: the same tensors. A
+    parameter that several picked places share stays shared."""
+    copies: dict[int, nn.Parameter] = {}
+    swapped = []
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None or param.dtype != torch.float32:
+                continue
+            if select is None or select(module, name, param):
+                if id(param) not in copies:
+                    copies[id(param)] = nn.Parameter(param.detach().to(dtype), requires_grad=False)
+                module._parameters[name] = copies[id(param)]
+                swapped.append((module, name, param))
+    try:
+        yield
+    finally:
+        for module, name, param in swapped:
+            module._parameters[name] = param
+
+
+def _frozen_linear_weight(module: nn.Module, name: str, param: nn.Parameter) -> bool:
+    return isinstance(module, nn.Linear) and name == "weight" and not param.requires_grad
+
+
+@contextmanager
 def frozen_weights_cast_once(model: nn.Module) -> Iterator[None]:
     """Under autocast, the frozen weights of ``model``'s linear layers held in the autocast
     dtype while the block runs, then put back as they were: the same numbers, one cast.
@@ -151,20 +182,8 @@ def frozen_weights_cast_once(model: nn.Module) -> Iterator[None]:
     if not torch.is_autocast_enabled(device) or is_sharded(model):
         yield
         return
-    dtype = torch.get_autocast_dtype(device)
-    swapped = []
-    for module in model.modules():
-        weight = getattr(module, "weight", None)
-        frozen = isinstance(module, nn.Linear) and not weight.requires_grad
-        if frozen and weight.dtype == torch.float32:
-            cast = nn.Parameter(weight.detach().to(dtype), requires_grad=False)
-            module._parameters["weight"] = cast
-            swapped.append((module, weight))
-    try:
+    with parameters_cast(model, torch.get_autocast_dtype(device), _frozen_linear_weight):
         yield
-    finally:
-        for module, weight in swapped:
-            module._parameters["weight"] = weight
 
 
 def checkpoint_activations(model: nn.Module) -> nn.Module:

@@ -72,7 +72,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +92,9 @@ from rlhfkit import checkpoint as ckpt
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.config import TrainConfig
 from rlhfkit.errors import NonFiniteError, RunError, UsageError, require_finite
-from rlhfkit.models.loading import check_model_source
+from rlhfkit.models.loading import check_model_source, stored_dtype
 from rlhfkit.runtime.distributed import sum_over_ranks
-from rlhfkit.runtime.machine import Runtime
+from rlhfkit.runtime.machine import Runtime, parameters_cast
 from rlhfkit.runtime.output_lock import launcher_alive, launcher_pid, output_lock
 from rlhfkit.runtime.sharding import (
     ShardedModel,
@@ -629,7 +629,7 @@ class Trainer:
         self.state.complete = True
         with self.whole_models():
             if self.accelerator.is_main_process:
-                with atomic_dir(self.config.final_dir) as tmp:
+                with atomic_dir(self.config.final_dir) as tmp, self.stored_as_trained():
                     self.save_model(tmp)
                     ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
         if self.accelerator.is_main_process:
@@ -637,6 +637,32 @@ class Trainer:
             self.tracker.plot(keys, self.output_dir / "curves.png")
         self.accelerator.wait_for_everyone()
         logger.info("finished: final model in %s", self.config.final_dir)
+
+    def model_sources(self) -> dict[str, str]:
+        """Where each trained model started, by its name (``distribute``)."""
+        return {self.learner_name: self.config.model}
+
+    @contextmanager
+    def stored_as_trained(self) -> Iterator[None]:
+        """While inside, each trained model that started from weights stored in bf16 holds
+        its weights in bf16, when the run trained under bf16 autocast with full fine-tuning:
+        ``final/`` then keeps the model its forward passes computed with. Its float32 master
+        weights also hold updates below bf16's resolution that no pass saw, which read in
+        float32 make another model (docs/instructions.md, "Measuring KL"); the checkpoints
+        keep them, for an exact resume. A LoRA model is saved in float32: its adapter ran
+        beside the rounded base weights, and folded into them in bf16 would mostly round
+        away."""
+        with ExitStack() as stack:
+            if self.runtime.bf16 and not self.config.lora:
+                models = {
+                    name: _attribute(self, path) for path, name in self.model_attributes().items()
+                }
+                for name, source in self.model_sources().items():
+                    if stored_dtype(source) == torch.bfloat16:
+                        model = self.accelerator.unwrap_model(models[name])
+                        stack.enter_context(parameters_cast(model, torch.bfloat16))
+                        logger.info("final/: the %s in bf16, as %s stores it", name, source)
+            yield
 
     def on_train_end(self) -> None:
         """Hook run after the last step and evaluation, before `final/` is written."""

@@ -338,6 +338,10 @@ class PPOTrainer(Trainer):
             attributes |= {"models.critic": "critic", "critic_engine": "critic"}
         return attributes
 
+    def model_sources(self) -> dict[str, str]:
+        critic = self.config.critic_start(self.tokenizer) if self.models.critic else None
+        return {"policy": self.config.model, **({"critic": critic} if critic else {})}
+
     @property
     def trainable(self) -> nn.ModuleDict:
         """The trained models by name: the policy, and the separate critic if there is one."""
