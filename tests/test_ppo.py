@@ -2,6 +2,7 @@
 LoRA reference without a second copy, value-head critic, PPO-ptx, config checks."""
 
 import json
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -11,10 +12,12 @@ from helpers import TARGETS, TargetFraction, on_device, tiny_lm, tiny_prompts
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
+from rlhfkit.experience import generation
 from rlhfkit.experience.scorers import RewardModelScorer
-from rlhfkit.models.loading import ValueModel
+from rlhfkit.models.loading import ValueModel, freeze
 from rlhfkit.models.lora import add_lora
 from rlhfkit.models.passes import ValueHeadLM
+from rlhfkit.runtime.machine import Runtime
 from rlhfkit.trainers.loop import OPTIMIZER_FILE
 from rlhfkit.trainers.ppo import PPOTrainer
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -255,6 +258,38 @@ def test_policy_and_critic_started_from_bf16_weights_are_saved_in_bf16(tiny_toke
     saved = load_file(final / "model.safetensors")
     assert all(torch.equal(v, policy[k].to(torch.bfloat16)) for k, v in saved.items())
     assert all(v.dtype == torch.float32 for v in trainer.trainable.state_dict().values())
+
+
+def test_frozen_weights_cast_once_an_iteration_take_the_same_steps(
+    tiny_tokenizer, tmp_path, monkeypatch
+):
+    """Under bf16 autocast a LoRA run holds its frozen weights (the base weights, the tied LM
+    head, the reward model's) in bf16 for each iteration: the steps it takes are those of
+    casting them at every pass, and the weights are float32 again between iterations."""
+
+    def run(name):
+        policy = add_lora(tiny_lm(tiny_tokenizer), r=4, alpha=8)
+        critic = add_lora(ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer), r=4, alpha=8)
+        rm = freeze(ValueModel(tiny_lm(tiny_tokenizer, seed=2).transformer, per_token=False))
+        config = _config(tmp_path / name, lora=True, max_steps=2, mixed_precision="bf16")
+        scorer = RewardModelScorer(rm)
+        trainer = PPOTrainer(config, policy, tiny_tokenizer, tiny_prompts(tiny_tokenizer), scorer,
+                             critic=critic)  # fmt: skip
+        seen = set()
+        hook = lambda module, args: seen.add(module.weight.dtype)  # noqa: E731
+        policy.base_model.model.transformer.h[0].mlp.c_fc.register_forward_pre_hook(hook)
+        trainer.train()
+        assert all(v.dtype == torch.float32 for v in trainer.trainable.state_dict().values())
+        assert all(v.dtype == torch.float32 for v in rm.state_dict().values())
+        return _weights(trainer.trainable), seen
+
+    cast_once, seen = run("once")
+    assert seen == {torch.bfloat16}
+    monkeypatch.setattr(Runtime, "frozen_weights_cast", lambda self, models: nullcontext())
+    monkeypatch.setattr(generation, "frozen_weights_cast_once", lambda model: nullcontext())
+    every_pass, seen = run("every_pass")
+    assert seen == {torch.float32}
+    assert all(torch.equal(cast_once[k], v) for k, v in every_pass.items())
 
 
 def test_a_lora_run_writes_plain_models_that_stock_transformers_load(tiny_tokenizer, tmp_path):

@@ -26,6 +26,7 @@ import functools
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -348,6 +349,13 @@ class ExperienceMaker:
             runtime = Runtime.inference(device)
         models = RolloutModels(policy, reference=None, critic=None)
         return cls(models, None, tokenizer, RolloutSettings(sampling=sampling), runtime)
+
+    def frozen_weights_cast(self) -> AbstractContextManager:
+        """The frozen linear weights of every model the maker runs, the scorer's included,
+        held in the autocast dtype for a block (``Runtime.frozen_weights_cast``)."""
+        models = [self.models.policy, self.models.reference, self.models.critic]
+        models += self.scorer.models() if self.scorer is not None else []
+        return self.runtime.frozen_weights_cast(models)
 
     @torch.no_grad()
     def sample(

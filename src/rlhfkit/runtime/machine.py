@@ -30,14 +30,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import torch
 from accelerate import PartialState
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.pytorch_utils import Conv1D
 
 from rlhfkit.runtime.activations import fuse_gelu
 from rlhfkit.runtime.allocator import retain_freed_memory
@@ -127,6 +128,20 @@ class Runtime:
         """The precision context of a model pass."""
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
+    @contextmanager
+    def frozen_weights_cast(self, models: Iterable[nn.Module | None]) -> Iterator[None]:
+        """Under bf16 autocast, the frozen linear weights of ``models`` held in bf16 while the
+        block runs (``frozen_weights_cast_once``): one cast for a whole iteration's sampling,
+        passes and update instead of one per pass. The same numbers; not for sharded models
+        (their weights are gathered per pass)."""
+        with ExitStack() as stack:
+            if self.bf16 and not self.sharded:
+                for model in models:
+                    if model is not None:
+                        cast = parameters_cast(model, torch.bfloat16, _frozen_linear_weight)
+                        stack.enter_context(cast)
+            yield
+
     def prepare(self, model: nn.Module, packed: bool = False, trained: bool = False) -> nn.Module:
         """``model`` on this device with this attention kernel, the fused GELU and, with
         ``packed``, padding-free passes; a ``trained`` model with activation checkpointing
@@ -164,13 +179,17 @@ def parameters_cast(
 
 
 def _frozen_linear_weight(module: nn.Module, name: str, param: nn.Parameter) -> bool:
-    return isinstance(module, nn.Linear) and name == "weight" and not param.requires_grad
+    """A frozen weight or bias of a layer autocast runs in lower precision (``F.linear``, and
+    GPT-2's ``Conv1D``, an ``addmm``)."""
+    linear = isinstance(module, nn.Linear | Conv1D)
+    return linear and name in ("weight", "bias") and not param.requires_grad
 
 
 @contextmanager
 def frozen_weights_cast_once(model: nn.Module) -> Iterator[None]:
-    """Under autocast, the frozen weights of ``model``'s linear layers held in the autocast
-    dtype while the block runs, then put back as they were: the same numbers, one cast.
+    """Under autocast, the frozen weights and biases of ``model``'s linear layers held in the
+    autocast dtype while the block runs, then put back as they were: the same numbers, one
+    cast.
 
     Autocast keeps its cast of a weight that takes gradients for the whole autocast region,
     but casts a frozen one again at every call: in a decode loop, a LoRA model's base

@@ -172,13 +172,16 @@ class GRPOTrainer(PolicyTrainer):
         cfg = self.config
         started = time.perf_counter()
         count = cfg.micro_batches_per_iteration
-        rollouts = [self.make_experience(self.next_batch()) for _ in range(count)]
-        update_started = time.perf_counter()
-        self.model.train()
-        # A micro-batch's loss is its own token mean: each counts alike (weight 1).
-        size = cfg.gradient_accumulation_steps
-        minibatches = [[(r, 1.0) for r in rollouts[i : i + size]] for i in range(0, count, size)]
-        metrics = update_learners([self.learner], minibatches * cfg.num_iterations, False)
+        with self.maker.frozen_weights_cast():
+            rollouts = [self.make_experience(self.next_batch()) for _ in range(count)]
+            update_started = time.perf_counter()
+            self.model.train()
+            # A micro-batch's loss is its own token mean: each counts alike (weight 1).
+            size = cfg.gradient_accumulation_steps
+            minibatches = [
+                [(r, 1.0) for r in rollouts[i : i + size]] for i in range(0, count, size)
+            ]
+            metrics = update_learners([self.learner], minibatches * cfg.num_iterations, False)
         for rollout in rollouts:
             stats = rollout_stats(rollout, cfg.num_generations)
             accumulate(metrics, stats, 1 / len(rollouts))

@@ -202,16 +202,17 @@ class PPOTrainer(Trainer):
         rewards -> advantages), then update on it. Returns metrics and rollout."""
         started = time.perf_counter()
         batch = self.next_batch()
-        rollout = self.maker.make(
-            batch["query"],
-            batch["query_mask"],
-            kl_coef=0.0 if self.config.kl_in_loss else self.kl_controller.value,
-            moments=self.moments,
-            generator=self.sample_generator,
-        )
-        rollout.check_finite()
-        update_started = time.perf_counter()
-        metrics = {**rollout_stats(rollout), **self.update(rollout)}
+        with self.maker.frozen_weights_cast():
+            rollout = self.maker.make(
+                batch["query"],
+                batch["query_mask"],
+                kl_coef=0.0 if self.config.kl_in_loss else self.kl_controller.value,
+                moments=self.moments,
+                generator=self.sample_generator,
+            )
+            rollout.check_finite()
+            update_started = time.perf_counter()
+            metrics = {**rollout_stats(rollout), **self.update(rollout)}
         metrics["kl/coef"] = self.kl_controller.value
         # The controller sees the whole batch's KL, the same on every process.
         world = self.runtime.world
