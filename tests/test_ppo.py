@@ -15,7 +15,7 @@ from rlhfkit.data import SFTExample
 from rlhfkit.experience import generation
 from rlhfkit.experience.scorers import RewardModelScorer
 from rlhfkit.models.loading import ValueModel, freeze
-from rlhfkit.models.lora import add_lora
+from rlhfkit.models.lora import add_lora, reference_mode
 from rlhfkit.models.passes import ValueHeadLM
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.trainers.loop import OPTIMIZER_FILE
@@ -154,6 +154,41 @@ def test_policy_and_critic_side_by_side_make_the_same_step(tiny_tokenizer, tmp_p
     )
     for key in ("loss/policy", "loss/value", "grad_norm/policy", "grad_norm/critic", "lr"):
         assert metrics[True][key] == pytest.approx(metrics[False][key], rel=1e-4, abs=1e-6)
+
+
+def test_a_lora_policys_reference_beside_it_is_a_view_of_its_base_weights(
+    tiny_tokenizer, tmp_path, two_threads
+):
+    """Side by side, a LoRA policy's reference is a module of its own on the policy's own base
+    weights (no copy), computing what the policy with its adapter off computes, so its pass
+    runs beside the policy's; the step is the one taken with the passes in turn."""
+    trainers = {}
+    for parallel in (False, True):
+        policy = add_lora(tiny_lm(tiny_tokenizer), r=4, alpha=8)
+        with torch.no_grad():
+            for name, weight in policy.named_parameters():
+                if "lora_B" in name:  # a trained adapter: the reference differs from the policy
+                    weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+        config = _config(tmp_path / str(parallel), lora=True, parallel_critic=parallel)
+        critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
+        trainers[parallel] = PPOTrainer(
+            config, policy, tiny_tokenizer, tiny_prompts(tiny_tokenizer), TargetFraction(),
+            critic=critic,
+        )  # fmt: skip
+    assert trainers[False].models.reference is None  # in turn: the policy, adapter off
+    view, policy = trainers[True].models.reference, trainers[True].models.policy
+    assert not any("lora_" in name for name in view.state_dict())
+    weights = {p.data_ptr() for p in policy.parameters()}
+    assert {p.data_ptr() for p in view.parameters()} <= weights  # shared, not copied
+    ids = torch.tensor([tiny_tokenizer("Number 1. The cat")["input_ids"]])
+    with torch.no_grad():
+        assert not torch.equal(view(ids).logits, policy(ids).logits)
+        with reference_mode(policy) as reference:
+            assert torch.equal(view(ids).logits, reference(ids).logits)
+    rollouts = {parallel: trainer.step()[1] for parallel, trainer in trainers.items()}
+    torch.testing.assert_close(rollouts[True].ref_logprobs, rollouts[False].ref_logprobs)
+    a, b = _weights(trainers[False].trainable), _weights(trainers[True].trainable)
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=2e-5) for k in a)
 
 
 @pytest.mark.parametrize(

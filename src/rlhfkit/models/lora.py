@@ -9,10 +9,12 @@ as in TRL's peft path, never a second copy in memory.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
 from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
 from torch import nn
 from transformers.pytorch_utils import Conv1D
@@ -68,6 +70,11 @@ def _peft_part(model: nn.Module) -> PeftModel | None:
     return backbone if isinstance(backbone, PeftModel) else None
 
 
+def is_lora_lm(model: nn.Module) -> bool:
+    """Whether ``model`` is a causal LM with LoRA adapters (``add_lora``)."""
+    return isinstance(model, PeftModel)
+
+
 @contextmanager
 def reference_mode(model: nn.Module) -> Iterator[nn.Module]:
     """Run a LoRA model as its own reference: the same base weights, adapter disabled.
@@ -81,6 +88,24 @@ def reference_mode(model: nn.Module) -> Iterator[nn.Module]:
         )
     with peft_model.disable_adapter():
         yield model
+
+
+def base_view(model: nn.Module) -> nn.Module:
+    """The base model of a LoRA causal LM as a module of its own whose parameters are the LoRA
+    model's base weights themselves (shared: no second copy): its reference, computing what
+    ``reference_mode`` computes, that can run while the policy runs (``reference_mode``
+    switches the one module's adapter off, so nothing else may use it meanwhile)."""
+    peft_model = _peft_part(model)
+    if peft_model is not model:
+        raise ValueError(f"base_view needs a LoRA causal LM (add_lora), got {type(model).__name__}")
+    inner = peft_model.get_base_model()
+    # deepcopy with every tensor already "copied" as itself: new modules, the same tensors.
+    shared = {id(t): t for t in itertools.chain(inner.parameters(), inner.buffers())}
+    view = copy.deepcopy(inner, shared)
+    for name, module in list(view.named_modules()):
+        if isinstance(module, LoraLayer):
+            view.set_submodule(name, module.get_base_layer())
+    return view
 
 
 def merge_lora(model: nn.Module) -> nn.Module:

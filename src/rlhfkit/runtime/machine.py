@@ -31,7 +31,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -134,12 +134,12 @@ class Runtime:
         block runs (``frozen_weights_cast_once``): one cast for a whole iteration's sampling,
         passes and update instead of one per pass. The same numbers; not for sharded models
         (their weights are gathered per pass)."""
-        with ExitStack() as stack:
-            if self.bf16 and not self.sharded:
-                for model in models:
-                    if model is not None:
-                        cast = parameters_cast(model, torch.bfloat16, _frozen_linear_weight)
-                        stack.enter_context(cast)
+        if not self.bf16 or self.sharded:
+            yield
+            return
+        # As one module: a weight two of them share (a LoRA policy and its base view) is cast once.
+        together = nn.ModuleList([model for model in models if model is not None])
+        with parameters_cast(together, torch.bfloat16, _frozen_linear_weight):
             yield
 
     def prepare(self, model: nn.Module, packed: bool = False, trained: bool = False) -> nn.Module:

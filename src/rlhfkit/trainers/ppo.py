@@ -52,7 +52,7 @@ from rlhfkit.experience.rollout import (
 )
 from rlhfkit.experience.scorers import Scorer, as_scorer, prepare_scorer
 from rlhfkit.models.loading import disable_dropout, freeze, load_tokenizer
-from rlhfkit.models.lora import merged_copy
+from rlhfkit.models.lora import base_view, is_lora_lm, merged_copy
 from rlhfkit.models.passes import (
     ValueHeadLM,
     causal_lm,
@@ -119,6 +119,9 @@ class PPOTrainer(Trainer):
         self.ptx_examples = ptx_examples or []
         self.eval_prompts = eval_prompts or []
         scorer = prepare_scorer(as_scorer(scorer), self.runtime, self.config.padding_free)
+        if reference is None and self.runtime.side_by_side and is_lora_lm(self.unwrapped_model):
+            # Its own module on the base weights: the reference pass runs beside the policy's.
+            reference = base_view(self.unwrapped_model)
         models = RolloutModels(self.unwrapped_model, reference, critic)
         self._prepare_models(models)
         self.critic_engine: nn.Module | None = None
