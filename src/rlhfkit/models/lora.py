@@ -3,7 +3,8 @@ backbone of a reward / value model, the model as its own reference with the adap
 folding the adapters back into the base weights.
 
 The LoRA reference model is the same weights with the adapter disabled (``reference_mode``),
-as in TRL's peft path, never a second copy in memory.
+as in TRL's peft path, never a second copy in memory; where its pass should run beside the
+policy's, a view of those weights in modules of its own (``base_view``).
 """
 
 from __future__ import annotations
