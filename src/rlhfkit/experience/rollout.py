@@ -495,8 +495,15 @@ class ExperienceMaker:
                 passes["critic"] = critic
         if models.has_reference:
             passes["reference"] = reference
-        lora_reference = models.reference is None
-        with_policy = {"policy", "reference" if lora_reference else "critic"}
+        results = self._run_in_groups(passes)
+        logprobs, entropy, values = results.get("policy", [None, None, None])
+        values = results.get("critic", values)
+        return (logprobs, entropy, values, results.get("reference"), *results["score"])
+
+    def _run_in_groups(self, passes: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+        """Each of ``passes`` (by name: policy, critic, reference, score) run under autocast,
+        in two groups side by side where the runtime says so (``_passes``); their results."""
+        with_policy = {"policy", "reference" if self.models.reference is None else "critic"}
         groups = [
             [n for n in passes if n in with_policy],
             [n for n in passes if n not in with_policy],
@@ -515,9 +522,7 @@ class ExperienceMaker:
             [group(names) for names in groups], enabled=beside and all(groups)
         ):
             results.update(part)
-        logprobs, entropy, values = results.get("policy", [None, None, None])
-        values = results.get("critic", values)
-        return (logprobs, entropy, values, results.get("reference"), *results["score"])
+        return results
 
 
 def estimate_advantages(
