@@ -5,8 +5,9 @@ with ``--trl-python``, TRL 1.16 on the same GRPO and DPO workloads in the same r
 
 Workloads (the shapes a new user tries first on this model):
 - ``ppo``: 16 prompts x 48 new tokens a rollout, one PPO epoch in 2 minibatches of 8, the
-  policy and the critic LoRA adapters (rank 8) with the reference as the policy with its
-  adapter off; scored by a reward model, which also starts the critic (InstructGPT).
+  policy and the critic LoRA adapters (rank 8) with the reference as the policy's base
+  weights without the adapter (a view beside it on a CPU); scored by a reward model, which
+  also starts the critic (InstructGPT).
 - ``ppo-full``: the same with full fine-tuning (a separate frozen reference copy).
 - ``sampling``: sampling alone (16 prompts x 48 tokens), from the policy's weights in fp32
   under bf16 autocast, with LoRA adapters, as a bf16 copy, and as a bf16 copy with the

@@ -124,8 +124,9 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     parallel_critic: bool | None = None
     """Run independent model work side by side, each on half the CPU threads: the policy's
     and the separate critic's updates (the same steps, up to float rounding), and in the
-    rollout the policy and critic passes beside the reference pass and the scorer. Faster
-    for small models. None: on CPU, not on GPU. Always off with several processes."""
+    rollout the policy and critic passes beside the reference pass and the scorer (with LoRA
+    the reference a view of the policy's base weights). Faster for small models. None: on
+    CPU, not on GPU. Always off with several processes."""
     sample_every: int = 10
     """Log sample texts (prompt, response, score) every this many iterations."""
     num_samples: int = 4
