@@ -313,7 +313,9 @@ def model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def stored_dtype(path_or_name: str | os.PathLike, revision: str | None = None):
+def stored_dtype(
+    path_or_name: str | os.PathLike, revision: str | None = None
+) -> torch.dtype | None:
     """The dtype a checkpoint's weights are stored in, as its ``config.json`` says (``dtype``,
     or the older ``torch_dtype``); None where there is no such file or field."""
     config_path = model_file(path_or_name, "config.json", revision)

@@ -194,8 +194,8 @@ def frozen_weights_cast_once(model: nn.Module) -> Iterator[None]:
     Autocast keeps its cast of a weight that takes gradients for the whole autocast region,
     but casts a frozen one again at every call: in a decode loop, a LoRA model's base
     weights, a tied LM head or a reference model are copied into bf16 once per token
-    (docs/instructions.md, "Where the time goes"). Not for a sharded model (its weights are
-    gathered per pass) nor for a block that trains (the weights must stay the optimiser's)."""
+    (docs/instructions.md, "Two fixes"). Weights that take gradients are left to autocast;
+    a sharded model is left alone (its weights are gathered per pass)."""
     weights = [p for p in model.parameters() if p.is_floating_point()]
     device = weights[0].device.type if weights else "cpu"
     if not torch.is_autocast_enabled(device) or is_sharded(model):
