@@ -96,10 +96,9 @@ def base_view(model: nn.Module) -> nn.Module:
     model's base weights themselves (shared: no second copy): its reference, computing what
     ``reference_mode`` computes, that can run while the policy runs (``reference_mode``
     switches the one module's adapter off, so nothing else may use it meanwhile)."""
-    peft_model = _peft_part(model)
-    if peft_model is not model:
+    if not is_lora_lm(model):
         raise ValueError(f"base_view needs a LoRA causal LM (add_lora), got {type(model).__name__}")
-    inner = peft_model.get_base_model()
+    inner = model.get_base_model()
     # deepcopy with every tensor already "copied" as itself: new modules, the same tensors.
     shared = {id(t): t for t in itertools.chain(inner.parameters(), inner.buffers())}
     view = copy.deepcopy(inner, shared)

@@ -196,8 +196,8 @@ def frozen_weights_cast_once(model: nn.Module) -> Iterator[None]:
     weights, a tied LM head or a reference model are copied into bf16 once per token
     (docs/instructions.md, "Two fixes"). Weights that take gradients are left to autocast;
     a sharded model is left alone (its weights are gathered per pass)."""
-    weights = [p for p in model.parameters() if p.is_floating_point()]
-    device = weights[0].device.type if weights else "cpu"
+    first = next(model.parameters(), None)
+    device = first.device.type if first is not None else "cpu"
     if not torch.is_autocast_enabled(device) or is_sharded(model):
         yield
         return
