@@ -24,12 +24,15 @@ from rlhfkit.experience.scorers import RewardModelScorer, ScoreInput
 from rlhfkit.models.loading import RewardModel, ValueModel
 from rlhfkit.models.lora import add_lora, reference_mode
 from rlhfkit.models.passes import ValueHeadLM, critic_values, response_logits, sequence_inputs
+from rlhfkit.runtime import packing
 from rlhfkit.runtime.packing import (
+    SHORT_ROWS,
     WIDTH_STEP,
     PackedRows,
     enable_packing,
     packed_length,
     packing_enabled,
+    training_kernel,
 )
 from test_ppo import _trainer, _weights
 
@@ -170,6 +173,44 @@ def test_packed_passes_equal_padded_ones(build, attention, device):
     )
     assert va.shape == vb.shape == (4, tr)
     assert _close(la[mask], lb[mask]) and _close(va[mask], vb[mask])
+
+
+def test_short_rows_in_bf16_with_gradients_take_the_eager_kernel_on_a_cpu():
+    query = torch.zeros(1, 2, 4, 8, requires_grad=True)
+    with torch.autocast("cpu", torch.bfloat16):
+        assert training_kernel("sdpa", query, SHORT_ROWS) == "eager"
+        assert training_kernel("sdpa", query, SHORT_ROWS + WIDTH_STEP) == "sdpa"
+        assert training_kernel("sdpa", query.detach(), WIDTH_STEP) == "sdpa"
+        assert training_kernel("eager", query, WIDTH_STEP) == "eager"
+    assert training_kernel("sdpa", query, WIDTH_STEP) == "sdpa"  # float32
+    assert training_kernel("sdpa", query.bfloat16(), WIDTH_STEP) == "eager"  # bf16 weights
+
+
+@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+def test_the_eager_kernel_in_a_bf16_update_matches_sdpa(build, monkeypatch):
+    """A packed SDPA model's pass with gradients in bf16 autocast runs the eager kernel, and its
+    log-probs and gradients are those of the padded SDPA pass up to bf16 rounding."""
+    sdpa_lm = _model(build, "sdpa")
+    packed_lm = copy.deepcopy(sdpa_lm)
+    enable_packing(packed_lm)
+    chosen = []
+    choose = packing.training_kernel
+    monkeypatch.setattr(
+        packing, "training_kernel", lambda *args: chosen.append(choose(*args)) or chosen[-1]
+    )
+    batch = _batch()
+    mask, tr = batch[3].bool(), batch[2].shape[1]
+    with torch.autocast("cpu", torch.bfloat16):
+        a, _ = response_logits(sdpa_lm, sequence_inputs(*batch), tr, 1.0)
+        b, _ = response_logits(packed_lm, sequence_inputs(*batch, packed=True), tr, 1.0)
+    assert chosen == ["eager"] * sdpa_lm.config.num_hidden_layers
+    a, b = a.float().log_softmax(-1)[mask], b.float().log_softmax(-1)[mask]
+    assert _close(a, b, rel=2e-2)
+    weights = torch.randn(a.shape, generator=torch.Generator().manual_seed(0))
+    (a * weights).sum().backward()
+    (b * weights).sum().backward()
+    for (name, p), q in zip(sdpa_lm.named_parameters(), packed_lm.parameters(), strict=True):
+        assert _close(p.grad, q.grad, rel=5e-2), name
 
 
 @pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])

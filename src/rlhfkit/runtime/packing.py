@@ -19,7 +19,9 @@ How it reaches the model: ``enable_packing`` switches a model's attention implem
 ``AttentionInterface`` when the first model is packed (``register_kernels``). A call without ``packed_rows`` (generation, a padded batch) goes to
 the model's own kernel unchanged; a call with it (``PackedRows.inputs``) is unpacked around
 that kernel. Only model types whose attention is plain causal self-attention over
-``position_ids`` are switched (``PACKABLE_MODEL_TYPES``); others stay padded.
+``position_ids`` are switched (``PACKABLE_MODEL_TYPES``); others stay padded. A model on SDPA
+runs its eager kernel instead where gradients flow through short rows in bf16 on a CPU
+(``training_kernel``: torch's CPU flash-attention backward is the slow part there).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ WIDTH_STEP = 8  # the attention layout's width W is a multiple of this (see Pack
 KERNELS = ("eager", "sdpa")  # the attention implementations a packed one wraps
 # Causal self-attention over position_ids, no sliding window, tested in tests/test_packing.py.
 PACKABLE_MODEL_TYPES = frozenset({"gpt2", "llama", "qwen2"})
+# Rows up to this wide take the model's eager kernel where gradients flow, in bf16/fp16 on a
+# CPU (see `training_kernel`).
+SHORT_ROWS = 192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +159,24 @@ def _kernel(module_type: type, kernel: str) -> Callable:
     return sys.modules[module_type.__module__].eager_attention_forward
 
 
+def training_kernel(kernel: str, query: torch.Tensor, width: int) -> str:
+    """The kernel a packed call runs: the model's own ``kernel``, but its eager one in place of
+    SDPA where gradients flow through rows of at most ``SHORT_ROWS`` in bf16 or fp16 on a CPU.
+
+    torch's CPU flash attention, which SDPA runs there, is fast forward and slow backward at
+    these widths: its backward alone takes longer than the eager kernel's two matrix products,
+    softmax and their backward together (2-4x; docs/ppo.md, "Speed on a CPU"). The eager
+    kernel keeps the (B, heads, W, W) probabilities for the backward; at these widths that is
+    a few MiB a layer. The no-grad passes and generation keep SDPA, as do float32 and wider
+    rows, where flash attention is the faster."""
+    if kernel != "sdpa" or not query.requires_grad or query.device.type != "cpu":
+        return kernel
+    autocast = torch.is_autocast_enabled("cpu")  # rotary embeddings leave the query float32
+    dtype = torch.get_autocast_dtype("cpu") if autocast else query.dtype
+    low_precision = dtype in (torch.bfloat16, torch.float16)
+    return "eager" if low_precision and width <= SHORT_ROWS else kernel
+
+
 def packed_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -165,11 +188,13 @@ def packed_attention(
 ):
     """The registered attention: the model's own kernel, around the unpacking when the call
     carries ``packed_rows`` (query, key, value (1, heads, L, d))."""
-    kernel = _kernel(type(module), own_kernel(module.config))
+    own = own_kernel(module.config)
     if packed_rows is None:
-        return kernel(module, query, key, value, attention_mask, **kwargs)
+        return _kernel(type(module), own)(module, query, key, value, attention_mask, **kwargs)
     rows = packed_rows
-    if kernel is not ALL_ATTENTION_FUNCTIONS["sdpa"]:  # eager kernels add a float mask
+    chosen = training_kernel(own, query, rows.width)
+    kernel = _kernel(type(module), chosen)
+    if chosen == "eager":  # eager kernels add a float mask
         attention_mask = additive_mask(attention_mask)
     query, key, value = (rows.unpack_heads(x) for x in (query, key, value))
     output, _ = kernel(module, query, key, value, attention_mask, **kwargs)  # (B, W, heads, d)
