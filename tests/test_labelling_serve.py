@@ -252,7 +252,10 @@ def test_8_clients_200_votes_each_through_two_kills(tmp_path):
     def labeller(index: int, url: str) -> None:
         client = until_answered(lambda: api(url, name=f"client{index}"))
         while len(acknowledged[index]) < votes_each:
-            task = until_answered(lambda: client.get("/api/next")).json()["task"]
+            response = until_answered(lambda: client.get("/api/next"))
+            assert response.status_code == 200, response.text
+            task = response.json()["task"]
+            assert task is not None, f"client{index}: no task after {len(acknowledged[index])}"
             body = {"id": str(uuid.uuid4()), "task": task["id"], "choice": "rank"}
             body["order"] = [0, 1]
             tries = 0
@@ -271,9 +274,19 @@ def test_8_clients_200_votes_each_through_two_kills(tmp_path):
     def done() -> int:
         return sum(map(len, acknowledged))
 
-    kills_at = []
+    def check_labellers() -> None:
+        """A labeller that stopped with an error: raise it, with what the servers printed."""
+        for future in futures:
+            if future.done() and future.exception() is not None:
+                printed = "".join(line for lines in outputs for line in lines)
+                raise AssertionError(f"a labeller failed; the servers printed:\n{printed}") from (
+                    future.exception()
+                )
+
+    kills_at, outputs = [], []
     with ExitStack() as servers:
-        url, process, _ = servers.enter_context(live_server(db, *args))
+        url, process, lines = servers.enter_context(live_server(db, *args))
+        outputs.append(lines)
         port = int(url.rsplit(":", 1)[1].strip("/"))
         start = time.perf_counter()
         with ThreadPoolExecutor(clients) as pool:
@@ -281,7 +294,8 @@ def test_8_clients_200_votes_each_through_two_kills(tmp_path):
             for share in (1 / 3, 2 / 3):
                 deadline = time.monotonic() + 300
                 while done() < share * total:
-                    assert time.monotonic() < deadline and not any(f.done() for f in futures)
+                    check_labellers()
+                    assert time.monotonic() < deadline, f"{done()} of {total} votes in 300 s"
                     time.sleep(0.005)
                 process.kill()  # SIGKILL, mid-burst: no shutdown, no checkpoint
                 process.wait()
@@ -289,8 +303,10 @@ def test_8_clients_200_votes_each_through_two_kills(tmp_path):
                 restarted = servers.enter_context(live_server(db, *args, port=port))
                 assert restarted[0] == url
                 process = restarted[1]
+                outputs.append(restarted[2])
             for future in futures:
-                future.result()
+                future.exception()  # waits
+            check_labellers()
         seconds = time.perf_counter() - start
     ids = [vote_id for sent in acknowledged for vote_id in sent]
     votes = Store(db).votes()
