@@ -164,11 +164,11 @@ def training_kernel(kernel: str, query: torch.Tensor, width: int) -> str:
     SDPA where gradients flow through rows of at most ``SHORT_ROWS`` in bf16 or fp16 on a CPU.
 
     torch's CPU flash attention, which SDPA runs there, is fast forward and slow backward at
-    these widths: its backward takes 2-4x the eager kernel's, longer than the eager kernel's
-    forward and backward together (docs/instructions.md, "A third fix"). The eager
-    kernel keeps the (B, heads, W, W) probabilities for the backward; at these widths that is
-    a few MiB a layer. The no-grad passes and generation keep SDPA, as do float32 and wider
-    rows, where flash attention is the faster."""
+    these widths: its backward alone takes longer than the eager kernel's forward and
+    backward together (timings: docs/instructions.md, "A third fix"). The eager kernel keeps
+    the (B, heads, W, W) probabilities for the backward, which is small at these widths. The
+    no-grad passes and generation keep SDPA, as do float32 and wider rows, where flash
+    attention is the faster."""
     if kernel != "sdpa" or not query.requires_grad or query.device.type != "cpu":
         return kernel
     autocast = torch.is_autocast_enabled("cpu")  # rotary embeddings leave the query float32
