@@ -266,6 +266,14 @@ class DataOptions:
     degenerate_comparisons: Literal["drop", "error"] = "drop"
     """A comparison whose chosen equals its rejected (or a ranking with two identical
     responses) carries no preference: 'drop' skips it, counted in the log; 'error' stops."""
+    padding_free: bool = False
+    """Run the training and evaluation passes on each batch's real tokens only, packed into one
+    row (``runtime/packing.py``), and the LM head only where a scored token is predicted: the
+    same numbers up to float rounding, without the padding's compute. Off by default, as in
+    TRL, so that a run's figures stay those of the padded passes; on, it saves what a batch
+    pads (a quarter of the reward model's positions on the instructions task, timings in
+    docs/instructions.md). Models other than GPT-2, Llama and Qwen2 with eager or SDPA
+    attention stay padded."""
 
     def _check_data(self) -> None:
         require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")

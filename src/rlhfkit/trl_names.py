@@ -422,16 +422,16 @@ SFT_CONFIG: dict[str, Answer] = {
     "truncation_mode": _TRUNCATION,
     "shuffle_dataset": _SHUFFLE,
     "packing": missing(
-        "SFT batches hold one padded example per row; packed rows are the RL "
-        "stages' (--padding_free)"
+        "SFT batches hold one example per row, each attending to itself only; "
+        "--padding_free runs them on their real tokens alone"
     ),
-    "packing_strategy": missing("SFT batches hold one padded example per row"),
-    "padding_free": missing(
-        "SFT batches are padded; padding-free passes are the RL stages' "
-        "(--padding_free in ppo, grpo, rloo)"
+    "packing_strategy": missing("SFT batches hold one example per row"),
+    "padding_free": same(
+        "off by default, as in TRL; needs no flash-attention package: GPT-2, Llama and "
+        "Qwen2 with eager or SDPA attention"
     ),
     "pad_to_multiple_of": _PAD_MULTIPLE,
-    "eval_packing": missing("SFT batches hold one padded example per row"),
+    "eval_packing": missing("SFT batches hold one example per row"),
     "completion_only_loss": missing(
         "the loss is always on the response tokens only (EOS included)"
     ),
@@ -474,9 +474,9 @@ DPO_CONFIG: dict[str, Answer] = {
         "--max_prompt_length and --max_response_length cut each part first"
     ),
     "truncation_mode": _TRUNCATION,
-    "padding_free": missing(
-        "DPO batches are padded; padding-free passes are the RL stages' "
-        "(--padding_free in ppo, grpo, rloo)"
+    "padding_free": same(
+        "off by default, as in TRL; needs no flash-attention package: GPT-2, Llama and "
+        "Qwen2 with eager or SDPA attention"
     ),
     "pad_to_multiple_of": _PAD_MULTIPLE,
     "precompute_ref_log_probs": ours("precompute_reference", "true", "the default here"),

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from rlhfkit.data import IGNORE_INDEX
 from rlhfkit.ops.logprobs import shifted_logprobs, token_logprobs
 from rlhfkit.ops.masks import position_ids_from_mask
-from rlhfkit.runtime.packing import PackedRows
+from rlhfkit.runtime.packing import PackedRows, packing_enabled
 
 
 class ValueHeadLM(nn.Module):
@@ -183,7 +183,13 @@ def labelled_logprobs(
     LM head (``logits_to_keep``): the prompt tokens before it predict nothing that is scored.
     SFT reads every position (``trim=False``, K = T - 1): trimming would change the order of
     its loss's sum, hence its last bits, and the published demo figures with them.
+
+    A packed model (``packing.enable_packing``: the stages' ``padding_free``) runs on the real
+    tokens alone and its LM head only at the positions that predict a labelled token; the
+    log-probs come back as (B, T - 1), 0 where nothing is scored, whatever ``trim`` says.
     """
+    if packing_enabled(model):
+        return _packed_labelled_logprobs(model, batch)
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]  # (B, T)
     scored = batch["labels"] != IGNORE_INDEX  # (B, T)
     width = input_ids.shape[1]
@@ -198,3 +204,17 @@ def labelled_logprobs(
     ).logits  # (B, keep, V)
     logprobs = shifted_logprobs(logits, input_ids[:, width - keep :])  # (B, keep - 1)
     return logprobs, scored[:, width - keep + 1 :]
+
+
+def _packed_labelled_logprobs(model: nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """``labelled_logprobs`` of a packed model: (B, T - 1) log-probs and mask."""
+    input_ids = batch["input_ids"]  # (B, T)
+    scored = batch["labels"][:, 1:] != IGNORE_INDEX  # (B, T - 1): token t + 1 is labelled
+    rows = PackedRows.from_mask(batch["attention_mask"])
+    predicting = rows.index[:, :-1][scored]  # (M,) packed positions, row by row
+    logits = causal_lm(model)(
+        **rows.inputs(input_ids), use_cache=False, logits_to_keep=predicting
+    ).logits  # (1, M, V)
+    picked = token_logprobs(logits, input_ids[:, 1:][scored][None])[0]  # (M,)
+    logprobs = picked.new_zeros(scored.shape).masked_scatter(scored, picked)  # (B, T - 1)
+    return logprobs, scored

@@ -56,7 +56,6 @@ from rlhfkit.experience.scorers import ScoreInput, Scorer, prepare_scorer
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer
 from rlhfkit.ops.masks import masked_mean
 from rlhfkit.runtime.distributed import stream_seed
-from rlhfkit.runtime.packing import enable_packing
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.loop import WATCH_RL, Batch
 from rlhfkit.trainers.optim import MinibatchLearner, accumulate
@@ -111,10 +110,6 @@ class GRPOTrainer(PolicyTrainer):
             needs_reference=config.beta > 0,
             accelerator=accelerator,
         )
-        if config.padding_free:
-            for policy_or_reference in (self.unwrapped_model, self.reference):
-                if policy_or_reference is not None:
-                    enable_packing(policy_or_reference)
         scorer = prepare_scorer(scorer, self.runtime, config.padding_free)
         has_reference = config.beta > 0
         models = RolloutModels(self.unwrapped_model, self.reference, None, has_reference)

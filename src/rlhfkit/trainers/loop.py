@@ -254,7 +254,9 @@ class Trainer:
         self.tokenizer = tokenizer
         self.output_dir = Path(config.output_dir)
         self.runtime.start()
-        self.runtime.prepare(model, trained=True)
+        # Padding-free passes where the stage has them (``padding_free``) and the model can.
+        self.padding_free = getattr(config, "padding_free", False)
+        self.runtime.prepare(model, packed=self.padding_free, trained=True)
         self.sharded: dict[str, ShardedModel] = {}  # the trained models FSDP shards, by name
         self.model, optimizer = self.distribute(self.learner_name, model)
         # The run's length comes from the config and the data alone (``TrainConfig.loop_steps``

@@ -59,7 +59,7 @@ class PolicyTrainer(Trainer):
         if reference is not None and needs_reference:
             if config.disable_dropout:
                 disable_dropout(reference)
-            self.reference = freeze(self.runtime.prepare(reference))
+            self.reference = freeze(self.runtime.prepare(reference, packed=self.padding_free))
             if self.runtime.sharded:
                 shard(self.reference)
 

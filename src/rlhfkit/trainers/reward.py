@@ -68,6 +68,7 @@ from rlhfkit.ops.losses import (
     ranking_loss,
     reward_centering,
 )
+from rlhfkit.runtime.packing import PackedRows, packing_enabled
 from rlhfkit.trainers.loop import Batch, Trainer
 
 logger = logging.getLogger(__name__)
@@ -169,7 +170,11 @@ class RewardTrainer(Trainer):
 
     def score_table(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Best-first (N, K) scores of a `PairCollator` batch and its (N, K) valid mask."""
-        scores = self.model(batch["input_ids"], batch["attention_mask"])  # (R,)
+        ids, mask = batch["input_ids"], batch["attention_mask"]  # (R, T)
+        if packing_enabled(self.model):  # padding_free
+            scores = self.model(**PackedRows.from_mask(mask).inputs(ids))  # (R,)
+        else:
+            scores = self.model(ids, mask)  # (R,)
         return ranked_scores(scores.float(), batch["group"], batch["rank"])
 
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
