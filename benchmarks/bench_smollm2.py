@@ -16,8 +16,12 @@ Workloads (the shapes a new user tries first on this model):
   instructions task as the reward.
 - ``dpo``: 8 pairs a step of the task's comparisons (``max_length`` 192, beta 0.1, lr 5e-5
   constant), LoRA, the reference precomputed for the pairs the run visits (the default).
+- ``sft`` and ``reward``: the pipeline's full-fine-tuning stages at its shapes (16
+  demonstrations, or 16 comparisons, a step; ``max_length`` 192; ``--dpo-steps`` steps).
+- ``dpo-packed``, ``sft-packed``, ``reward-packed``: the same with ``padding_free`` (the
+  real tokens alone, packed into one row); run beside the padded ones for the ratio.
 
-Each runs ``--steps`` iterations (DPO: ``--dpo-steps``) from the SFT model in bf16 autocast
+Each runs ``--steps`` iterations (DPO, SFT, reward model: ``--dpo-steps``) from the SFT model in bf16 autocast
 (fp32 weights) with SDPA attention. Prints the median over the iterations after the first of
 each phase the trainers log (``time/generate``, ``time/forward`` (the policy, reference and
 critic passes and the scorer), ``time/score``, ``time/update``), the whole iteration, the peak
@@ -60,6 +64,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import MachineLoad, logged_steps, peak_rss_mib, spread  # noqa: E402
 
+from rlhfkit.config import RewardConfig, SFTConfig  # noqa: E402
 from rlhfkit.data import encode_prompts, load_records, pad  # noqa: E402
 from rlhfkit.experience.generation import SamplingConfig, generate  # noqa: E402
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer  # noqa: E402
@@ -71,9 +76,12 @@ from rlhfkit.trainers.grpo import run_grpo  # noqa: E402
 from rlhfkit.trainers.grpo_config import GRPOConfig  # noqa: E402
 from rlhfkit.trainers.ppo import run_ppo  # noqa: E402
 from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
+from rlhfkit.trainers.reward import run_reward  # noqa: E402
+from rlhfkit.trainers.sft import run_sft  # noqa: E402
 
 PROMPTS = str(INSTRUCTIONS_DATA_DIR / "prompts")
 COMPARISONS = str(INSTRUCTIONS_DATA_DIR / "comparisons")
+DEMONSTRATIONS = str(INSTRUCTIONS_DATA_DIR / "sft")
 TRL_BENCH = Path(__file__).resolve().parent / "trl" / "trl_smollm2_bench.py"
 COMMON = dict(
     train_data=PROMPTS, max_new_tokens=48, temperature=0.7, learning_rate=1e-5,
@@ -116,7 +124,7 @@ def grpo(args, out: Path) -> None:
     )
 
 
-def dpo(args, out: Path) -> None:
+def dpo(args, out: Path, packed: bool = False) -> None:
     run_dpo(
         DPOConfig(
             model=args.model,
@@ -129,6 +137,7 @@ def dpo(args, out: Path) -> None:
             learning_rate=5e-5,
             lr_scheduler="constant",
             lora=True,
+            padding_free=packed,
             log_every=1,
             mixed_precision="bf16",
             attn_implementation="sdpa",
@@ -139,6 +148,32 @@ def dpo(args, out: Path) -> None:
             cpu=True,
         )  # fmt: skip
     )
+
+
+FIXED_DATA = dict(
+    eval_data=None, batch_size=16, max_length=192, lr_scheduler="constant", log_every=1,
+    mixed_precision="bf16", attn_implementation="sdpa", report_to=[], resume=False,
+    save_every=0, seed=0, cpu=True,
+)  # fmt: skip
+
+
+def fixed_data(args, out: Path, packed: bool, run, config_class, data: str, lr: float) -> None:
+    """A full-fine-tuning stage on fixed data (SFT, the reward model) at the pipeline's shapes."""
+    run(
+        config_class(
+            model=args.model,
+            train_data=data,
+            output_dir=str(out),
+            max_steps=args.dpo_steps,
+            learning_rate=lr,
+            padding_free=packed,
+            **FIXED_DATA,
+        )  # fmt: skip
+    )
+
+
+SFT = dict(run=run_sft, config_class=SFTConfig, data=DEMONSTRATIONS, lr=2e-5)
+REWARD = dict(run=run_reward, config_class=RewardConfig, data=COMPARISONS, lr=3e-5)
 
 
 def sampling(args, out: Path) -> None:
@@ -175,6 +210,11 @@ WORKLOADS = {
     "ppo-full": lambda args, out: ppo(args, out, lora=False),
     "grpo": grpo,
     "dpo": dpo,
+    "dpo-packed": lambda args, out: dpo(args, out, packed=True),
+    "sft": lambda args, out: fixed_data(args, out, False, **SFT),
+    "sft-packed": lambda args, out: fixed_data(args, out, True, **SFT),
+    "reward": lambda args, out: fixed_data(args, out, False, **REWARD),
+    "reward-packed": lambda args, out: fixed_data(args, out, True, **REWARD),
     "sampling": sampling,
 }
 TRL_SIDE = ("grpo", "dpo")  # the workloads benchmarks/trl/trl_smollm2_bench.py also runs
@@ -285,7 +325,12 @@ def main() -> None:
     parser.add_argument("--model", default="runs/instructions_smollm2/sft/final")
     parser.add_argument("--reward_model", default="runs/instructions_smollm2/reward/final")
     parser.add_argument("--steps", type=int, default=5, help="iterations; the first not timed")
-    parser.add_argument("--dpo-steps", type=int, default=12, help="DPO steps; the first not timed")
+    parser.add_argument(
+        "--dpo-steps",
+        type=int,
+        default=12,
+        help="DPO, SFT and reward-model steps; the first not timed",
+    )
     parser.add_argument("--trl-python", default=None, help="python with TRL 1.16 installed")
     parser.add_argument("--runs", type=int, default=1, help="rounds with --trl-python")
     parser.add_argument("--child", choices=WORKLOADS, help=argparse.SUPPRESS)  # one, then RESULT
