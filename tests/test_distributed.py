@@ -122,11 +122,15 @@ def _stage_args(stage: str, model: Path, data: dict[str, str], batch: int) -> li
     return [*common, "--train_data", train, "--max_length", "32"]
 
 
+@pytest.mark.parametrize("padding_free", ["false", "true"], ids=["padded", "padding_free"])
 @pytest.mark.parametrize("stage", ["sft", "rm", "dpo"])
-def test_two_processes_train_as_one_with_twice_the_batch(stage, model, data, tmp_path):
-    _run(1, stage, [*_stage_args(stage, model, data, 8), "--output_dir", "one"],
+def test_two_processes_train_as_one_with_twice_the_batch(
+    stage, padding_free, model, data, tmp_path
+):
+    packing = ["--padding_free", padding_free]
+    _run(1, stage, [*_stage_args(stage, model, data, 8), *packing, "--output_dir", "one"],
          tmp_path)  # fmt: skip
-    _run(2, stage, [*_stage_args(stage, model, data, 4), "--output_dir", "two"],
+    _run(2, stage, [*_stage_args(stage, model, data, 4), *packing, "--output_dir", "two"],
          tmp_path)  # fmt: skip
     _assert_same_weights(tmp_path / "one", tmp_path / "two", atol=1e-5)
     assert _steps(tmp_path / "two") == [1, 2, 3]

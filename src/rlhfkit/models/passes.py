@@ -10,7 +10,8 @@ it (the last query token for t = 0), as in TRL: ``values[:, Tq - 1 : -1]``.
 
 Packed (``sequence_inputs(..., packed=True)``, ``packing.py``): the models see only the real
 tokens of query + response, and the logits and values are read back at the same positions
-of the padded layout, so every caller gets the same (B, Tr) tensors either way.
+of the padded layout, so every caller gets the same (B, Tr) tensors either way. Labelled
+sequences of a packed model are packed too (``labelled_logprobs``).
 """
 
 from __future__ import annotations

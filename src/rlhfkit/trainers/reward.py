@@ -15,6 +15,9 @@ With `center_rewards_coef` > 0 the centring term of Eisenstein et al. 2023
 (`ops.losses.reward_centering`, TRL's `center_rewards_coefficient`) is added with that
 weight. Dropout is off by default (`disable_dropout`), as in TRL's RewardTrainer.
 
+With `padding_free` the rows of a batch are scored packed, their real tokens in one row
+(`runtime/packing.py`).
+
 Evaluation: pairwise accuracy and mean margin over every (better, worse) pair, plus for K > 2
 data the ranking accuracy (share of a ranking's pairs ordered right) and the share of rankings
 reproduced exactly. Optional InstructGPT normalisation: after training, the head's bias is
