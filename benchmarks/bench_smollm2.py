@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Seconds per PPO iteration and per GRPO, DPO, SFT and reward-model step on a real model,
 phase by phase: SmolLM2-135M-Instruct (30 layers x 576, vocabulary 49152) on the instructions
-task's data, on the CPU;
-with ``--trl-python``, TRL 1.16 on the same GRPO and DPO workloads in the same run.
+task's data, on the CPU; with ``--trl-python``, TRL 1.16 on the same GRPO and DPO workloads
+in the same run.
 
 Workloads (the shapes a new user tries first on this model):
 - ``ppo``: 16 prompts x 48 new tokens a rollout, one PPO epoch in 2 minibatches of 8, the
