@@ -1,6 +1,7 @@
 """Padding-free passes of the stages that train on fixed data (``padding_free``: SFT, the
 reward model, DPO): labelled log-probs and reward scores of packed models equal the padded
-ones, and a few steps of each trainer packed and padded end at the same weights."""
+ones, and each trainer packed and padded starts from the same gradients and takes a few steps
+at the same losses."""
 
 import copy
 
