@@ -282,12 +282,19 @@ def test_reinforce_pp_gradient_equals_a_plain_loop(tiny_tokenizer, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("advantage", ["grpo", "rloo"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"advantage": "grpo"},
+        {"advantage": "rloo"},
+        {"importance_sampling_level": "sequence", "num_iterations": 2},  # GSPO
+    ],
+)
 def test_learns_a_trivial_reward_and_the_reference_does_not_move(
-    advantage, tiny_tokenizer, tmp_path
+    overrides, tiny_tokenizer, tmp_path
 ):
     prompts = tiny_prompts(tiny_tokenizer)
-    config = _config(tmp_path, advantage=advantage)
+    config = _config(tmp_path, **overrides)
     trainer = GRPOTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction(), prompts[:32]
     )
@@ -402,6 +409,7 @@ def test_processed_scores_make_the_advantages(tiny_tokenizer, tmp_path):
         {"loss_aggregation": "sequence_mean", "skip_uniform_groups": True, "kl_in_reward": True},
         {"advantage": "reinforce++", "loss_aggregation": "constant"},
         {"num_iterations": 2, "steps_per_generation": 2, "clip_range_high": 0.28},
+        {"num_iterations": 2, "importance_sampling_level": "sequence", "clip_range": 3e-3},
     ],
 )
 def test_stop_and_resume_equals_an_uninterrupted_run(overrides, tiny_tokenizer, tmp_path):
@@ -458,6 +466,17 @@ def test_config_checks():
     assert GRPOConfig(reward_functions=["m:f"], advantage="reinforce++").kl_in_rewards
     with pytest.raises(ConfigError, match="GRPOConfig.loss_aggregation = 'sum'"):
         GRPOConfig(reward_functions=["m:f"], loss_aggregation="sum")
+    with pytest.raises(ConfigError, match="GRPOConfig.importance_sampling_level = 'sequence'"):
+        GRPOConfig(
+            reward_functions=["m:f"], advantage="reinforce++", importance_sampling_level="sequence"
+        )
+    gspo = GRPOConfig(
+        reward_functions=["m:f"],
+        importance_sampling_level="sequence",
+        mask_truncated_completions=True,
+    )
+    assert gspo.loss_settings.ratio_level == "sequence"
+    assert gspo.rollout_settings.mask_truncated
 
 
 @pytest.mark.parametrize(

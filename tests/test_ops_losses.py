@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from rlhfkit.ops.losses import (
     aggregate_token_loss,
     dpo_loss,
+    importance_log_ratio,
     kl_k1,
     kl_k2,
     kl_k3,
@@ -120,6 +121,67 @@ def test_clip_higher_moves_only_the_upper_bound():
     torch.testing.assert_close(logprobs.grad, torch.tensor([[-0.375, -0.125, 0.0, 0.5]]))
     same, _ = ppo_policy_loss(logprobs, old, advantages, mask, 0.2, clip_range_high=0.2)
     torch.testing.assert_close(same, ppo_policy_loss(logprobs, old, advantages, mask, 0.2)[0])
+
+
+def test_sequence_level_ratio_hand_example():
+    # GSPO, eps = 0.2. Response 0: token log-ratios ln 2, 0 (+ a padded token full of junk):
+    # s = exp(ln 2 / 2) = sqrt 2, A = 1 -> max(-sqrt 2, -1.2) = -1.2, clipped, at both tokens.
+    # Response 1: log-ratios -ln 2, -ln 2, ln 4: s = exp(0) = 1, A = -1 -> 1 at its 3 tokens.
+    old = torch.tensor([[-1.0, -2.0, -1.0], [-0.5, -3.0, -2.0]])
+    log_ratio = torch.tensor([[LN2, 0.0, 69.0], [-LN2, -LN2, 2 * LN2]])
+    logprobs = (old + log_ratio).requires_grad_()
+    advantages = torch.tensor([[1.0, 1.0, 1e9], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    loss, stats = ppo_policy_loss(
+        logprobs, old, advantages, mask, 0.2, aggregation="sequence_mean", ratio_level="sequence"
+    )
+    torch.testing.assert_close(loss, torch.tensor((-1.2 + 1.0) / 2))
+    torch.testing.assert_close(stats["clipfrac"], torch.tensor(2 / 5))
+    torch.testing.assert_close(stats["ratio"], torch.tensor((2 * math.sqrt(2) + 3) / 5))
+    # approx_kl stays per token: 0.5 (ln2^2 + 0 + ln2^2 + ln2^2 + (2 ln2)^2) / 5
+    torch.testing.assert_close(stats["approx_kl"], torch.tensor(0.5 * 7 * LN2**2 / 5))
+    loss.backward()
+    # response 0 is clipped: no gradient; response 1's term s / 2 has d s / d logp_t = s / 3
+    expected = torch.tensor([[0.0, 0.0, 0.0], [1 / 6, 1 / 6, 1 / 6]])
+    torch.testing.assert_close(logprobs.grad, expected)
+    token_mean, _ = ppo_policy_loss(logprobs, old, advantages, mask, 0.2, ratio_level="sequence")
+    torch.testing.assert_close(token_mean, torch.tensor((2 * -1.2 + 3 * 1.0) / 5))
+
+
+def test_sequence_level_ratio_equals_the_plain_loop():
+    gen = torch.Generator().manual_seed(4)
+    old = torch.randn(5, 6, generator=gen)
+    logprobs = old + 0.3 * torch.randn(5, 6, generator=gen)
+    lengths = [6, 1, 0, 4, 3]
+    mask = torch.tensor([[int(t < n) for t in range(6)] for n in lengths])
+    got = importance_log_ratio(logprobs, old, mask, "sequence")
+    for i, n in enumerate(lengths):
+        mean = sum((logprobs[i, :n] - old[i, :n]).tolist()) / n if n else 0.0
+        torch.testing.assert_close(got[i, :n], torch.full((n,), mean))
+        assert (got[i, n:] == 0).all()
+    token = importance_log_ratio(logprobs, old, mask)
+    torch.testing.assert_close(token, (logprobs - old) * mask)
+    with pytest.raises(ValueError, match=r"'word' is not one of \['token', 'sequence'\]"):
+        importance_log_ratio(logprobs, old, mask, "word")
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "constant"])
+def test_sequence_level_ratio_has_the_token_gradient_at_the_sampling_policy(aggregation):
+    # At pi = pi_old, with one advantage per response, GSPO's gradient is the token level's.
+    gen = torch.Generator().manual_seed(5)
+    old = torch.randn(4, 5, generator=gen)
+    advantages = torch.randn(4, 1, generator=gen).expand(4, 5)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]])
+    grads = []
+    for level in ("token", "sequence"):
+        logprobs = old.clone().requires_grad_()
+        loss, _ = ppo_policy_loss(
+            logprobs, old, advantages, mask, 0.2, aggregation=aggregation, max_tokens=5,
+            ratio_level=level,
+        )  # fmt: skip
+        loss.backward()
+        grads.append(logprobs.grad)
+    torch.testing.assert_close(grads[0], grads[1])
 
 
 def test_loss_aggregations_hand_example():

@@ -19,6 +19,7 @@ from rlhfkit.experience.rollout import (
     RolloutModels,
     RolloutSettings,
     explained_variance,
+    rows_in_loss,
 )
 from rlhfkit.experience.scorers import FunctionScorer, ScoreError
 from rlhfkit.models.lora import add_lora
@@ -194,6 +195,35 @@ def test_missing_eos_penalty_reaches_the_rewards():
         torch.where(rollout.eos_emitted, rollout.raw_scores, rollout.raw_scores - 10),
     )
     assert not rollout.eos_emitted.all() and rollout.eos_emitted.any()
+
+
+def test_truncated_responses_are_left_out_of_the_loss():
+    assert _rollout().kept is None
+    rollout = _rollout(mask_truncated=True)
+    eos = rollout.eos_emitted
+    assert not eos.all() and eos.any()
+    assert torch.equal(rollout.kept, eos)
+    torch.testing.assert_close(rollout.loss_mask, rollout.response_mask * eos[:, None])
+
+
+@pytest.mark.parametrize(
+    "skip, truncated, expected",
+    [
+        (True, False, [False, False, True, True, True, True]),
+        (False, True, [True, False, True, False, True, True]),
+        (True, True, [False, False, True, False, True, True]),
+        (False, False, None),
+    ],
+)
+def test_rows_in_loss_hand_example(skip, truncated, expected):
+    # groups of 2: the first scores alike (no signal), the others differ
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.2])
+    eos = torch.tensor([True, False, True, False, True, True])
+    settings = RolloutSettings(
+        estimator="grpo", group_size=2, skip_uniform_groups=skip, mask_truncated=truncated
+    )
+    kept = rows_in_loss(settings, scores, eos)
+    assert (kept if kept is None else kept.tolist()) == expected
 
 
 def test_chunked_forward_gives_the_same_rollout():

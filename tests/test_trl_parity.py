@@ -5,7 +5,8 @@ TRL 0.19's own ``tokenize_row`` (read from its source and run without importing 
 needs an older transformers), and GRPO's policy loss (``ppo_update.policy_loss`` with the
 settings of a ``GRPOConfig``) against TRL 1.16's GRPOTrainer loss types, loss and gradients:
 one update per sampled batch (TRL's num_iterations 1, the ratio 1) and the off-policy pass
-of num_iterations 2 (the ratio to the sampling policy's log-probs clipped, below and above).
+of num_iterations 2 (the ratio to the sampling policy's log-probs clipped, below and above,
+per token and per sequence: GSPO).
 
 TRL runs in a subprocess from its source: set RLHFKIT_TRL_SOURCES as for
 tests/test_trl_names.py (directories holding a ``trl/`` package, e.g. unpacked wheels of TRL
@@ -93,7 +94,8 @@ for run in spec["runs"]:
     args = GRPOConfig(
         output_dir=spec["out"], report_to="none", use_cpu=True, bf16=False, disable_dropout=True,
         gradient_checkpointing=False, loss_type=run["loss_type"], beta=spec["beta"],
-        epsilon=spec["clip"], epsilon_high=run["clip_high"], importance_sampling_level="token",
+        epsilon=spec["clip"], epsilon_high=run["clip_high"],
+        importance_sampling_level=run["level"],
         num_iterations=run["num_iterations"], temperature=1.0,
         max_completion_length=spec["max_new_tokens"],
         per_device_train_batch_size=len(spec["advantages"]), num_generations=2,
@@ -305,16 +307,20 @@ def grpo_batch(tokenizer) -> dict:
 SAMPLER_NOISE = 0.05
 
 
-def grpo_run(loss_type: str, iterations: int = 1, clip_high: float | None = None) -> str:
+def grpo_run(
+    loss_type: str, iterations: int = 1, clip_high: float | None = None, level: str = "token"
+) -> str:
     """The name of a TRL run (a GRPOTrainer with these options) in `trl_grpo_losses`."""
-    return f"{loss_type}-iterations{iterations}-high{clip_high}"
+    return f"{loss_type}-iterations{iterations}-high{clip_high}-{level}"
 
 
 # The runs: every loss type on-policy, and off-policy with its clip range 0.2 above 1 as below
-# (TRL's epsilon_high None) and with DAPO's clip-higher 0.28.
-GRPO_RUNS = [(loss_type, 1, None) for loss_type in TRL_LOSS_AGGREGATION] + [
-    (loss_type, 2, high) for loss_type in TRL_LOSS_AGGREGATION for high in (None, 0.28)
-]
+# (TRL's epsilon_high None), with DAPO's clip-higher 0.28, and with GSPO's ratio per sequence.
+GRPO_RUNS = (
+    [(loss_type, 1, None, "token") for loss_type in TRL_LOSS_AGGREGATION]
+    + [(loss_type, 2, high, "token") for loss_type in TRL_LOSS_AGGREGATION for high in (None, 0.28)]
+    + [(loss_type, 2, None, "sequence") for loss_type in TRL_LOSS_AGGREGATION]
+)
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +343,13 @@ def trl_grpo_losses(tiny_tokenizer, tmp_path_factory):
     batch = grpo_batch(tiny_tokenizer)
     spec = batch | {"model": str(tmp_path / "policy"), "reference": str(tmp_path / "reference")}
     runs = [
-        {"name": grpo_run(*run), "loss_type": run[0], "num_iterations": run[1], "clip_high": run[2]}
+        {
+            "name": grpo_run(*run),
+            "loss_type": run[0],
+            "num_iterations": run[1],
+            "clip_high": run[2],
+            "level": run[3],
+        }
         for run in GRPO_RUNS
     ]
     spec |= {"old": str(tmp_path / "old"), "out": str(tmp_path), "runs": runs}
@@ -351,6 +363,7 @@ def grpo_loss_and_grads(
     ratio_weighted_kl: bool,
     iterations: int = 1,
     clip_high: float | None = None,
+    level: str = "token",
 ):
     """Ours on `grpo_batch`: the loss of GRPO's update (``ppo_update.policy_loss`` with the
     settings of the ``GRPOConfig`` of these options, the KL coefficient its beta) on a
@@ -358,7 +371,8 @@ def grpo_loss_and_grads(
 
     `loss_type` is TRL's: its ``loss_aggregation`` is ours. With `ratio_weighted_kl` the k3
     terms are multiplied by the ratio pi / pi_old: TRL's `use_bias_correction_kl` (its
-    default), our `kl_importance_weight`. At one iteration the config has the experience made
+    default), our `kl_importance_weight`. `level` is TRL's and our importance_sampling_level.
+    At one iteration the config has the experience made
     without the policy's pass (``Rollout.logprobs`` None: pi_old is the update's own pass,
     detached); at more it keeps the sampling policy's log-probs, read here from models/old as
     ``ExperienceMaker`` reads the policy's (no gradient, the sampling temperature).
@@ -368,7 +382,7 @@ def grpo_loss_and_grads(
         loss_aggregation=TRL_LOSS_AGGREGATION[loss_type], beta=batch["beta"],
         clip_range=batch["clip"], clip_range_high=clip_high, num_iterations=iterations,
         kl_importance_weight=ratio_weighted_kl, max_new_tokens=batch["max_new_tokens"],
-        cpu=True, report_to=[], resume=False,
+        importance_sampling_level=level, cpu=True, report_to=[], resume=False,
     )  # fmt: skip
     settings = config.loss_settings
     policy = AutoModelForCausalLM.from_pretrained(models / "policy").eval()  # no dropout
@@ -442,3 +456,22 @@ def test_grpo_off_policy_loss_equals_trls_num_iterations_2(trl_grpo_losses, loss
             clipped[clip_high] = stats["policy/clipfrac"]
             assert stats["policy/approx_kl"] > 0.01  # the ratio well away from 1
     assert 0 < clipped[0.28] < clipped[None]
+
+
+@pytest.mark.parametrize("loss_type", list(TRL_LOSS_AGGREGATION))
+def test_gspo_off_policy_loss_equals_trls_sequence_level(trl_grpo_losses, loss_type):
+    """Our loss and every gradient with importance_sampling_level 'sequence' as TRL's, at
+    num_iterations 2 (at 1 the two levels have the same gradient): one ratio per response, the
+    geometric mean of its tokens' ratios, clipped to [0.8, 1.2]; not the token level's loss.
+    With the ratio-weighted KL the two differ by design: TRL weighs each k3 term by the
+    sequence's ratio, ours by its token's own (`kl_importance_weight`)."""
+    models, batch, trl_losses = trl_grpo_losses
+    loss, grads, stats = grpo_loss_and_grads(
+        models, batch, loss_type, False, iterations=2, level="sequence"
+    )
+    assert_equal_to_trl(
+        models, trl_losses, f"{grpo_run(loss_type, 2, None, 'sequence')}-plain", loss, grads
+    )
+    token_level = trl_losses[f"{grpo_run(loss_type, 2)}-plain"]
+    assert abs(loss - token_level) > 1e-3
+    assert stats["policy/approx_kl"] > 0.01  # the ratio well away from 1

@@ -567,8 +567,9 @@ _ONLINE: dict[str, Answer] = {
         "clip_range_high", note="acts with --num_iterations or --steps_per_generation above 1"
     ),
     "reward_weights": same("one weight per scorer: [reward_model, *reward_functions]"),
-    "mask_truncated_completions": missing(
-        "truncated responses stay in the loss; --missing_eos_penalty lowers their score instead"
+    "mask_truncated_completions": same(
+        "their scores still count in their group's baseline; --missing_eos_penalty lowers "
+        "their score instead"
     ),
     "sync_ref_model": _FIXED_REFERENCE,
     "ref_model_mixup_alpha": _FIXED_REFERENCE,
@@ -603,8 +604,8 @@ GRPO_CONFIG: dict[str, Answer] = {
     "vespo_lambda_pos": _OTHER_GRPO_LOSSES,
     "vespo_k_neg": _OTHER_GRPO_LOSSES,
     "vespo_lambda_neg": _OTHER_GRPO_LOSSES,
-    "importance_sampling_level": missing(
-        "token-level ratios only (GSPO's sequence level is not implemented)"
+    "importance_sampling_level": same(
+        "'token' or 'sequence' (GSPO); acts with --num_iterations or --steps_per_generation above 1"
     ),
     "multi_objective_aggregation": missing(
         "scores are summed with --reward_weights, then normalised (TRL's sum_then_normalize)"

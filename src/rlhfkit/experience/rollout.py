@@ -91,7 +91,7 @@ class Rollout:
     prompts: list[str]  # B decoded prompts
     responses: list[str]  # B decoded responses (special tokens removed)
     # (B,) bool, False for rows left out of the loss (their group's scores are all equal:
-    # skip_uniform_groups); None keeps every row
+    # skip_uniform_groups; they ran out of tokens: mask_truncated); None keeps every row
     kept: torch.Tensor | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
 
@@ -200,6 +200,8 @@ class RolloutSettings:
         scale_by_std: "grpo" only: divide by the group's std.
         skip_uniform_groups: leave the groups whose scores are all equal out of the loss
             (``Rollout.kept``; DAPO's dynamic sampling without the re-sampling).
+        mask_truncated: leave the responses without EOS out of the loss (``Rollout.kept``;
+            DAPO's overlong filtering); their scores still count in their group's baseline.
         whiten_advantages: normalise advantages over the batch (mean 0, std 1).
         policy_pass: run the policy's no-grad pass for pi_old. Off only where the update
             takes one step from the sampling policy, so that its own pass is pi_old; it runs
@@ -217,6 +219,7 @@ class RolloutSettings:
     group_size: int = 1
     scale_by_std: bool = True
     skip_uniform_groups: bool = False
+    mask_truncated: bool = False
     whiten_advantages: bool = True
     policy_pass: bool = True
     scores: ScoreOptions = field(default_factory=ScoreOptions)
@@ -429,9 +432,7 @@ class ExperienceMaker:
             eos_emitted=out.eos_emitted,
             prompts=batch.prompts,
             responses=batch.responses,
-            kept=varied_groups(scores, settings.group_size)
-            if settings.skip_uniform_groups
-            else None,
+            kept=rows_in_loss(settings, scores, out.eos_emitted),
             timings=timings,
         )
 
@@ -563,6 +564,20 @@ def _whitened(settings: RolloutSettings, advantages: torch.Tensor, mask: torch.T
     if not settings.whiten_advantages:
         return advantages
     return masked_whiten(advantages, mask, reduce=sum_over_ranks)
+
+
+def rows_in_loss(
+    settings: RolloutSettings, scores: torch.Tensor, eos_emitted: torch.Tensor
+) -> torch.Tensor | None:
+    """(B,) bool: the rows the loss counts (``Rollout.kept``), those of groups whose scores
+    differ where ``skip_uniform_groups``, that end in EOS where ``mask_truncated``; None when
+    neither leaves any out."""
+    kept = None
+    if settings.skip_uniform_groups:
+        kept = varied_groups(scores, settings.group_size)
+    if settings.mask_truncated:
+        kept = eos_emitted if kept is None else kept & eos_emitted
+    return kept
 
 
 def varied_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:

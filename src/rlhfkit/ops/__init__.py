@@ -13,10 +13,12 @@ from rlhfkit.ops.logprobs import (
 )
 from rlhfkit.ops.losses import (
     DPO_LOSSES,
+    IMPORTANCE_LEVELS,
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     aggregate_token_loss,
     dpo_loss,
+    importance_log_ratio,
     kl_k1,
     kl_k2,
     kl_k3,
@@ -41,6 +43,7 @@ from rlhfkit.ops.masks import (
 
 __all__ = [
     "DPO_LOSSES",
+    "IMPORTANCE_LEVELS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "aggregate_token_loss",
@@ -49,6 +52,7 @@ __all__ = [
     "entropy_from_logits",
     "gae",
     "group_advantages",
+    "importance_log_ratio",
     "kl_k1",
     "kl_k2",
     "kl_k3",

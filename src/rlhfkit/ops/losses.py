@@ -4,7 +4,9 @@ Sources, one per function (see each docstring):
 - KL estimators k1, k2, k3: J. Schulman, "Approximating KL Divergence" (blog, 2020).
 - ``ppo_policy_loss``: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7;
   the upper clip bound apart from the lower one ("clip-higher"): Yu et al. 2025, "DAPO: An
-  Open-Source LLM Reinforcement Learning System at Scale", eq. 10.
+  Open-Source LLM Reinforcement Learning System at Scale", eq. 10; the ratio of a whole
+  response instead of a token's (``importance_log_ratio``): Zheng et al. 2025, "Group
+  Sequence Policy Optimization", eq. 7 (GSPO).
 - ``aggregate_token_loss``: the per-token loss reduced over a batch as a mean over all its
   tokens (DAPO, sec. 3.3), a mean of per-sequence means (Shao et al. 2024, "DeepSeekMath",
   eq. 3, GRPO) or a sum over a constant number of tokens (Liu et al. 2025, "Understanding
@@ -111,6 +113,32 @@ def aggregate_token_loss(
     raise ValueError(f"aggregation must be one of {LOSS_AGGREGATIONS}, got {aggregation!r}")
 
 
+IMPORTANCE_LEVELS = ("token", "sequence")
+
+
+def importance_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, level: str = "token"
+) -> torch.Tensor:
+    """(B, T) log of the importance ratio pi / pi_old that weighs each response token, 0 at
+    padding (an inf there would give NaN gradients).
+
+    - ``token``: log pi(y_t) - log pi_old(y_t), each token its own ratio (PPO, GRPO).
+    - ``sequence``: the mean of those over the response's real tokens, the same at each of
+      them: the log of GSPO's ratio (pi(y | x) / pi_old(y | x)) ^ (1 / |y|) (Zheng et al.
+      2025, eq. 7), so that a response is clipped as a whole, in a range that does not
+      depend on its length. Its gradient reaches every token of the response through the
+      mean; at pi = pi_old it is the token level's.
+    """
+    if level not in IMPORTANCE_LEVELS:
+        raise ValueError(f"level={level!r} is not one of {list(IMPORTANCE_LEVELS)}")
+    real = mask != 0
+    log_ratio = torch.where(real, logprobs - old_logprobs.detach(), 0.0)  # (B, T)
+    if level == "token":
+        return log_ratio
+    per_response = log_ratio.sum(dim=1, keepdim=True) / real.sum(dim=1, keepdim=True).clamp(min=1)
+    return torch.where(real, per_response, 0.0)  # (B, T)
+
+
 def ppo_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -120,10 +148,12 @@ def ppo_policy_loss(
     clip_range_high: float | None = None,
     aggregation: str = "token_mean",
     max_tokens: int | None = None,
+    ratio_level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate, negated to be minimised (Schulman et al. 2017, eq. 7).
 
-    loss = aggregate(max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))), r = exp(logprobs - old).
+    loss = aggregate(max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))), r = exp(logprobs - old)
+    per token, or per response with ``ratio_level="sequence"`` (GSPO: ``importance_log_ratio``).
 
     Args:
         logprobs: (B, T) log-probs under the policy being updated (with gradient).
@@ -137,18 +167,19 @@ def ppo_policy_loss(
             entropy collapse); None = ``clip_range``.
         aggregation, max_tokens: how the per-token terms reduce to the loss
             (``aggregate_token_loss``); the statistics are token means whatever it is.
+        ratio_level: "token" or "sequence" (``importance_log_ratio``).
 
     Returns:
         ``(loss, stats)``; stats (detached scalars): ``clipfrac``, the share of real tokens
         where the clipped term is the active one; ``approx_kl``, masked_mean of
-        0.5 (logprobs - old)^2, the k2 estimate of KL(old || new); ``ratio``, the mean ratio.
+        0.5 (logprobs - old)^2 per token (at either level), the k2 estimate of KL(old || new);
+        ``ratio``, the mean ratio at ``ratio_level``.
     """
     high = clip_range if clip_range_high is None else clip_range_high
     if clip_range <= 0 or high <= 0:
         raise ValueError(f"clip ranges must be > 0, got {clip_range} and {high}")
     real = mask != 0
-    # Zero the log-ratio at padding before exp: an inf there would give NaN gradients.
-    log_ratio = torch.where(real, logprobs - old_logprobs.detach(), 0.0)  # (B, T)
+    log_ratio = importance_log_ratio(logprobs, old_logprobs, mask, ratio_level)  # (B, T)
     ratio = torch.exp(log_ratio)
     advantages = torch.where(real, advantages.detach(), 0.0)
     unclipped = -advantages * ratio
@@ -156,9 +187,10 @@ def ppo_policy_loss(
     per_token = torch.maximum(unclipped, clipped)
     loss = aggregate_token_loss(per_token, mask, aggregation, max_tokens)
     with torch.no_grad():
+        token_log_ratio = importance_log_ratio(logprobs, old_logprobs, mask)  # (B, T)
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).float(), mask),
-            "approx_kl": masked_mean(0.5 * log_ratio**2, mask),
+            "approx_kl": masked_mean(0.5 * token_log_ratio**2, mask),
             "ratio": masked_mean(ratio, mask),
         }
     return loss, stats

@@ -24,8 +24,11 @@ The experience is made, and the loss aggregated, per micro-batch of ``batch_size
 x ``num_generations`` responses: by default the loss is averaged over all response tokens of
 the micro-batch (TRL's ``loss_type="bnpo"``, and its default "dapo" with one micro-batch on
 one process); ``loss_aggregation`` also gives DeepSeekMath's mean of per-sequence means and
-Dr. GRPO's constant normaliser (``ops.losses.aggregate_token_loss``), and
-``skip_uniform_groups`` leaves groups without signal out of the loss (DAPO). Rewards from a
+Dr. GRPO's constant normaliser (``ops.losses.aggregate_token_loss``);
+``importance_sampling_level="sequence"`` clips one ratio per response instead of one per
+token (GSPO, ``ops.losses.importance_log_ratio``); ``skip_uniform_groups`` leaves groups
+without signal out of the loss and ``mask_truncated_completions`` the responses cut off
+without EOS (both DAPO). Rewards from a
 reward model are read at the EOS the policy emitted, as the reward model was trained; TRL's
 GRPO scores the text without EOS.
 

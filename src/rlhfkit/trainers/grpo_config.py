@@ -86,6 +86,13 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
     """Upper clip range: the ratio is clipped to [1 - clip_range, 1 + clip_range_high]
     (DAPO's clip-higher, e.g. 0.28 with clip_range 0.2); None = clip_range. Acts only with
     num_iterations or steps_per_generation above 1."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """The ratio pi / pi_old of the clipped objective: each token's own ('token') or one per
+    response, the geometric mean of its tokens' ratios, clipped as a whole ('sequence': GSPO,
+    Zheng et al. 2025, which clips in a far narrower range, e.g. clip_range 3e-4 and
+    clip_range_high 4e-4, with loss_aggregation 'sequence_mean'). At the sampling policy both
+    give the same gradient, so it acts only with num_iterations or steps_per_generation above
+    1. 'sequence' needs one advantage per response ('grpo' or 'rloo')."""
     loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
     """How the per-token loss reduces over a micro-batch: 'token_mean' (every response token
     weighs the same; DAPO), 'sequence_mean' (each response's token mean, then their mean;
@@ -94,6 +101,11 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
     """Leave groups whose scores are all equal out of the loss (DAPO's dynamic sampling,
     without the re-sampling): their advantages are 0, so they only dilute the token mean and
     the KL term; `score/groups_without_signal` counts them."""
+    mask_truncated_completions: bool = False
+    """Leave responses that ran out of tokens (no EOS within max_new_tokens) out of the loss
+    (DAPO's overlong filtering): a cut-off answer is neither rewarded nor punished for where
+    it was cut. Their scores still count in their group's baseline; missing_eos_penalty
+    lowers their score instead."""
     reference: str | None = None
     """Reference model name or directory; None uses the starting model `model`."""
     disable_dropout: bool = True
@@ -121,6 +133,13 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
         require(self, "clip_range_high", high is None or 0 < high < math.inf, "None or > 0")
         for name in ("num_iterations", "steps_per_generation"):
             require(self, name, getattr(self, name) >= 1, "an integer >= 1")
+        require(
+            self,
+            "importance_sampling_level",
+            self.importance_sampling_level == "token" or self.advantage != "reinforce++",
+            "'token' with advantage 'reinforce++' (its advantages differ from token to token; "
+            "a ratio per response needs one advantage per response)",
+        )
         require(
             self,
             "reference",
@@ -167,6 +186,7 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
             group_size=self.num_generations,
             scale_by_std=self.scale_rewards,
             skip_uniform_groups=self.skip_uniform_groups,
+            mask_truncated=self.mask_truncated_completions,
             whiten_advantages=False,
             policy_pass=self.optimizer_steps_per_iteration > 1,
             scores=ScoreOptions.of(self),
@@ -180,6 +200,7 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
             clip_range=self.clip_range,
             clip_range_high=self.clip_range_high,
             aggregation=self.loss_aggregation,
+            ratio_level=self.importance_sampling_level,
             max_tokens=self.max_new_tokens,
             kl_in_loss=not self.kl_in_rewards,
             kl_importance_weight=self.kl_importance_weight,

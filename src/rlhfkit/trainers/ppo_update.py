@@ -56,6 +56,7 @@ class PolicyLossSettings:
         clip_range, clip_range_high: the ratio's clip bounds [1 - low, 1 + high]; high None
             = low (DAPO's clip-higher sets it above).
         aggregation, max_tokens: how per-token terms reduce (``ops.losses.aggregate_token_loss``).
+        ratio_level: the ratio per token or per response (``ops.losses.importance_log_ratio``).
         kl_in_loss: add kl_coef x the k3 KL to the loss (GRPO), instead of penalising the
             rewards (PPO).
         kl_importance_weight: weight each k3 term by pi / pi_old (1 in value; the gradient
@@ -68,6 +69,7 @@ class PolicyLossSettings:
     clip_range_high: float | None = None
     aggregation: str = "token_mean"
     max_tokens: int | None = None
+    ratio_level: str = "token"
     kl_in_loss: bool = False
     kl_importance_weight: bool = False
     entropy_coef: float = 0.0
@@ -88,7 +90,7 @@ def policy_loss(
     aggregation = {"aggregation": settings.aggregation, "max_tokens": settings.max_tokens}
     loss, pg_stats = ppo_policy_loss(
         logprobs, old, mb.advantages, mask, settings.clip_range, settings.clip_range_high,
-        **aggregation,
+        **aggregation, ratio_level=settings.ratio_level,
     )  # fmt: skip
     stats = {"loss/policy": loss.item()} | {f"policy/{k}": v.item() for k, v in pg_stats.items()}
     if settings.kl_in_loss and mb.ref_logprobs is not None:
