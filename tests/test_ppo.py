@@ -193,8 +193,12 @@ def test_a_lora_policys_reference_beside_it_is_a_view_of_its_base_weights(
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"advantage_estimator": "sequence", "kl_in_loss": True, "clip_range_high": 0.3}],
-    ids=["defaults", "sequence-kl_in_loss-clip_higher"],
+    [
+        {},
+        {"advantage_estimator": "sequence", "kl_in_loss": True, "clip_range_high": 0.3},
+        {"critic_warmup": 1, "lr_scheduler": "linear"},
+    ],
+    ids=["defaults", "sequence-kl_in_loss-clip_higher", "critic_warmup"],
 )
 def test_resume_continues_exactly(options, tiny_tokenizer, tmp_path, device):
     straight = _trainer(
@@ -413,11 +417,39 @@ def test_the_sequence_estimators_critic_learns_the_prompts_value_only(tiny_token
         ("reward_weights", [1.0, 2.0]),
         ("ptx_coef", -1.0),
         ("max_steps", 0),
+        ("critic_warmup", -1),
+        ("critic_warmup", 2),  # not less than max_steps 2
     ],
 )
 def test_config_errors_name_the_field(tmp_path, field, value):
     with pytest.raises(ConfigError, match=field):
         _config(tmp_path, **{field: value})
+
+
+def test_critic_warmup_needs_the_separate_critic(tmp_path):
+    with pytest.raises(ConfigError, match="critic_warmup = 1 is not allowed: expected 0 with"):
+        _config(tmp_path, critic="value_head", critic_warmup=1)
+
+
+def test_critic_warmup_trains_the_critic_alone_then_both(tiny_tokenizer, tmp_path):
+    # 3 iterations of 2 minibatches x 4 epochs; the first 2 the critic's alone.
+    trainer = _trainer(
+        tiny_tokenizer, tmp_path, max_steps=3, critic_warmup=2, lr_scheduler="linear"
+    )
+    policy, critic = trainer.learners["policy"], trainer.learners["critic"]
+    start_policy, start_critic = _weights(policy.module), _weights(critic.module)
+    trainer.train(stop_after=2)
+    assert all(torch.equal(v, start_policy[k]) for k, v in _weights(policy.module).items())
+    assert not all(torch.equal(v, start_critic[k]) for k, v in _weights(critic.module).items())
+    assert policy.scheduler.last_epoch == 0 and critic.scheduler.last_epoch == 2 * 8
+    trainer.train()
+    assert not all(torch.equal(v, start_policy[k]) for k, v in _weights(policy.module).items())
+    # The policy's linear schedule spans its own 8 steps, to 0; the critic's all 24.
+    assert policy.scheduler.last_epoch == 8 and policy.scheduler.get_last_lr()[0] == 0.0
+    assert critic.scheduler.last_epoch == 24 and critic.scheduler.get_last_lr()[0] == 0.0
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert ["train/loss/policy" in row for row in rows] == [False, False, True]
+    assert all("train/loss/value" in row for row in rows)
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,8 @@ optional PPO-ptx language-model term, as in lm-human-preferences and TRL's ``PPO
 Models: the policy starts from the SFT model; the frozen reference is a second copy of it,
 or with LoRA the same model with the adapter disabled (never a second copy). The critic is a
 separate ``ValueModel`` initialised from the reward model (InstructGPT) or a value head on
-the policy's trunk (``critic="value_head"``).
+the policy's trunk (``critic="value_head"``); ``critic_warmup`` iterations first train the
+separate critic alone, the policy left as it starts (verl, OpenRLHF).
 
 Departures from TRL 1.12: policy and critic have one AdamW each and their gradients are
 clipped per model (the value loss's larger gradients would otherwise shrink the policy's
@@ -124,6 +125,12 @@ class PPOTrainer(Trainer):
             reference = base_view(self.unwrapped_model)
         models = RolloutModels(self.unwrapped_model, reference, critic)
         self._prepare_models(models)
+        if config.critic_warmup:  # the policy's schedule spans only the steps it takes
+            policy = self.learners[self.learner_name]
+            steps = config.policy_optimizer_steps(self.state.total_steps, self.runtime.world)
+            self.learners[self.learner_name] = Learner.build(
+                self.learner_name, policy.module, config, steps, policy.optimizer
+            )
         self.critic_engine: nn.Module | None = None
         if critic is not None:
             self.critic_engine, optimizer = self.distribute("critic", critic)
@@ -226,14 +233,17 @@ class PPOTrainer(Trainer):
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         """``ppo_epochs`` passes over ``rollout`` in shuffled minibatches: one optimiser step
-        per minibatch and learner, over ``gradient_accumulation_steps`` micro-batches.
-        Returns mean statistics."""
+        per minibatch and learner, over ``gradient_accumulation_steps`` micro-batches; in the
+        critic's warmup, the critic's alone. Returns mean statistics."""
         self.trainable.train()
         cfg = self.config
         minibatches = shuffled_minibatches(
             rollout, cfg.ppo_epochs, cfg.minibatch_size, cfg.batch_size, self.shuffle_generator
         )
-        return update_learners(self.update_schedule, minibatches, self.runtime.side_by_side)
+        learners = self.update_schedule
+        if self.state.step < cfg.critic_warmup:
+            learners = learners[1:]  # the critic: the policy is the schedule's first
+        return update_learners(learners, minibatches, self.runtime.side_by_side)
 
     def _policy_loss(
         self, mb: Rollout, token_weight: float

@@ -75,6 +75,13 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     critic_model: str | None = None
     """Where the separate critic starts; None = the reward model (InstructGPT), else `model`.
     It reads the policy's tokens: a reward model with another tokenizer needs one of these."""
+    critic_warmup: int = 0
+    """The first this many iterations train the critic alone, on responses of the starting
+    policy, which they leave as it is (verl's critic_warmup, OpenRLHF's freezing_actor_steps).
+    A critic started from a reward model knows the score of a whole response, not the value
+    of a response's first tokens; until its values fit, the advantages are mostly its error
+    and would move the policy at random, spending KL. Counted in max_steps; the policy's
+    learning-rate schedule spans the iterations after. Needs the separate critic."""
     kl_coef: float = 0.05
     """beta of the per-token KL penalty (the initial value when `adaptive_kl`)."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
@@ -154,6 +161,15 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
             self.rollout_batch_size % self.effective_batch_size == 0,
             f"a multiple of batch_size * gradient_accumulation_steps = {self.effective_batch_size}",
         )
+        require(self, "critic_warmup", self.critic_warmup >= 0, "an integer >= 0")
+        require(
+            self,
+            "critic_warmup",
+            self.critic_warmup == 0 or self.critic == "separate",
+            "0 with critic 'value_head' (the value head trains the policy's trunk)",
+        )
+        warmup_fits = self.max_steps is None or self.critic_warmup < self.max_steps
+        require(self, "critic_warmup", warmup_fits, f"less than max_steps ({self.max_steps})")
         require(self, "kl_coef", self.kl_coef >= 0, "a number >= 0")
         require(self, "kl_target", self.kl_target > 0, "a number > 0")
         require(self, "gamma", 0 <= self.gamma <= 1, "a number in [0, 1]")
@@ -257,3 +273,14 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     def optimizer_steps(self, loop_steps: int, world: int) -> int:
         """Optimiser steps of the run on ``world`` processes (the LR schedule's length)."""
         return loop_steps * self.ppo_epochs * self.num_mini_batches(world)
+
+    def policy_optimizer_steps(self, loop_steps: int, world: int) -> int:
+        """The policy's optimiser steps (its LR schedule's length): none in the critic's
+        warmup."""
+        require(
+            self,
+            "critic_warmup",
+            self.critic_warmup < loop_steps,
+            f"less than the run's {loop_steps} iterations",
+        )
+        return self.optimizer_steps(loop_steps - self.critic_warmup, world)

@@ -154,8 +154,9 @@ def update_learners(
 ) -> dict[str, float]:
     """Every learner's steps over ``minibatches``; the mean statistics of each step.
 
-    ``learners[0]`` is the policy. With ``parallel`` and a separate critic they run side by
-    side, and the policy's last minibatches on all cores once the others are done."""
+    ``learners[0]`` is the policy (or the critic alone, in its warmup). With ``parallel`` and
+    a separate critic they run side by side, and the policy's last minibatches on all cores
+    once the others are done."""
     policy, *others = learners
     beside = len(minibatches)
     if parallel and others:
