@@ -187,7 +187,11 @@ def ppo_policy_loss(
     per_token = torch.maximum(unclipped, clipped)
     loss = aggregate_token_loss(per_token, mask, aggregation, max_tokens)
     with torch.no_grad():
-        token_log_ratio = importance_log_ratio(logprobs, old_logprobs, mask)  # (B, T)
+        token_log_ratio = (
+            log_ratio
+            if ratio_level == "token"
+            else importance_log_ratio(logprobs, old_logprobs, mask)
+        )  # (B, T)
         stats = {
             "clipfrac": masked_mean((clipped > unclipped).float(), mask),
             "approx_kl": masked_mean(0.5 * token_log_ratio**2, mask),
