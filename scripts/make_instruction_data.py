@@ -31,6 +31,12 @@ of the same order (after every prompt already used for comparisons or demonstrat
 labeller tau of ``stats.json``, and appends them to ``rankings/`` and ``comparisons/``; the
 demonstrations and the test split are left as they are.
 
+More responses for the same prompts: ``--resample-comparisons DIR`` writes a copy of the data
+to DIR (prompts, demonstrations, stats) whose ``rankings/`` and ``comparisons/`` hold ``--k``
+new responses for every prompt of the original ``rankings/`` (train and test), labelled with
+the labeller tau of ``stats.json`` (the same labeller). SFT trains on the same demonstrations
+there, and with K = 8 a prompt has 28 pairs instead of 6.
+
 Output, beside the prompts: ``{sft,comparisons,rankings}/{train,test}.jsonl`` and the counts,
 tau and sampling settings merged into ``stats.json``. Usage (after ``make smollm2``)::
 
@@ -45,6 +51,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -86,6 +93,12 @@ def parse_args() -> argparse.Namespace:
         default=0,
         metavar="N",
         help="append comparisons of the next N unused train prompts to the existing data",
+    )
+    parser.add_argument(
+        "--resample-comparisons",
+        type=Path,
+        metavar="DIR",
+        help="a copy of the data in DIR with --k new responses for every compared prompt",
     )
     parser.add_argument(
         "--device",
@@ -213,6 +226,51 @@ def add_comparisons(args, model, tokenizer) -> None:
     log.info("appended %d rankings and %d comparisons", len(rankings), len(pairs))
 
 
+def resample_comparisons(args, model, tokenizer) -> None:
+    """A copy of the data in ``--resample-comparisons`` with ``--k`` new responses for each
+    compared prompt, labelled again by the same labeller."""
+    out: Path = args.resample_comparisons
+    if out.exists():
+        raise SystemExit(f"--resample-comparisons {out}: exists; give a new folder")
+    out.mkdir(parents=True)
+    for folder in ("prompts", "sft"):
+        shutil.copytree(args.data / folder, out / folder)
+    stats = json.loads((args.data / "stats.json").read_text())
+    made, tau = stats["data"], stats["labeller_tau"]
+    started = time.process_time()
+    for offset, split in enumerate(("train", "test")):
+        source = args.data / "rankings" / f"{split}.jsonl"
+        prompts = [json.loads(line)["prompt"] for line in source.read_text().splitlines() if line]
+        log.info("sampling %d x %d responses (%s, resampled)", len(prompts), args.k, split)
+        sets = sample_sets(model, tokenizer, prompts, args.k, args, args.seed + 10 + offset)
+        rankings, pairs = label(prompts, sets, tau, random.Random(args.seed + 10 + offset))
+        write_jsonl(rankings, out / "rankings" / f"{split}.jsonl")
+        write_jsonl(pairs, out / "comparisons" / f"{split}.jsonl")
+        all_golds = [g for r in rankings for g in r["gold"]]
+        made[split].update(
+            rankings=len(rankings),
+            comparisons=len(pairs),
+            mean_gold_of_samples=round(sum(all_golds) / len(all_golds), 4),
+        )
+        made[split]["agreement_with_gold"] = {
+            "pairs": _rounded(pair_agreement(pairs)),
+            "rankings": _rounded(
+                gold_agreement([r["ranking"] for r in rankings], [r["gold"] for r in rankings])
+            ),
+        }
+        log.info("%s: %d rankings, %d comparisons", split, len(rankings), len(pairs))
+    made.pop("added", None)
+    made.update(
+        k=args.k,
+        comparisons_resampled={
+            "from": args.data.name,
+            "device": args.device,
+            "sampling_cpu_s": round(time.process_time() - started, 1),
+        },
+    )
+    (out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+
+
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
@@ -221,6 +279,9 @@ def main() -> None:
     model = freeze(load_causal_lm(args.model, tokenizer=tokenizer)).to(args.device)
     if args.more_comparisons:
         add_comparisons(args, model, tokenizer)
+        return
+    if args.resample_comparisons:
+        resample_comparisons(args, model, tokenizer)
         return
     rng = random.Random(args.seed)
     train, test = shuffled_prompts(args.data, rng)

@@ -353,7 +353,9 @@ def test_several_updates_per_generation_clip_and_count_their_steps(
     assert all(row["train/policy/clipfrac"] > 0 for row in train)  # the clip acts
     assert all(row["train/policy/ratio"] != pytest.approx(1.0, abs=1e-6) for row in train)
     # Without max_steps, an epoch of 64 prompts is 64 / (4 prompts x 2 micro-batches) steps.
-    by_epochs = _config(tmp_path, steps_per_generation=2, max_steps=None, num_epochs=1)
+    by_epochs = _config(
+        tmp_path, steps_per_generation=2, max_steps=None, num_epochs=1, **on_device(device)
+    )
     trainer = GRPOTrainer(
         by_epochs, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
     )

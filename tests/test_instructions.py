@@ -2,6 +2,7 @@
 reward by name, and the prompt generator (scripts/make_instruction_prompts.py)."""
 
 import importlib.util
+import itertools
 import json
 import re
 from pathlib import Path
@@ -13,6 +14,7 @@ from rlhfkit import tasks
 from rlhfkit.data import PromptRecord, load_records
 from rlhfkit.experience.scorer_loading import reward_function_scorer
 from rlhfkit.experience.scorers import ScoreError, ScoreInput
+from rlhfkit.labelling.export import write_jsonl
 from rlhfkit.tasks.instructions import (
     HELDOUT_KINDS,
     KINDS,
@@ -372,3 +374,96 @@ def test_generated_records_load_as_prompts(generated):
     first, _, splits = generated
     records = load_records(first / "prompts" / "test.jsonl", "prompts")
     assert records[0] == PromptRecord(splits["test"][0]["prompt"])
+
+
+# ------------------------------------------------------------------ more responses per prompt
+
+DATA_SCRIPT = SCRIPT.with_name("make_instruction_data.py")
+
+
+def _tiny_data(root: Path) -> Path:
+    """A data folder of the task's layout: 3 compared train prompts, 1 test prompt."""
+    prompts = {"train": ["Name a fruit.", "Name a bird.", "Name a tree."], "test": ["Name a dog."]}
+    for split, texts in prompts.items():
+        write_jsonl([{"prompt": t} for t in texts], root / "prompts" / f"{split}.jsonl")
+        write_jsonl(
+            [
+                {"prompt": t, "responses": ["a", "b"], "gold": [0, 1], "ranking": [1, 0]}
+                for t in texts
+            ],
+            root / "rankings" / f"{split}.jsonl",
+        )
+        write_jsonl([{"prompt": texts[0], "response": "x"}], root / "sft" / f"{split}.jsonl")
+    stats = {"labeller_tau": 0.5, "data": {"k": 2, "train": {}, "test": {}, "added": [{}]}}
+    (root / "stats.json").write_text(json.dumps(stats))
+    return root
+
+
+def test_resampled_comparisons_are_a_copy_with_k_new_responses_per_prompt(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    spec = importlib.util.spec_from_file_location("make_instruction_data", DATA_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # A gold judge with ties and differences among the tiny model's samples: the length mod 3.
+    monkeypatch.setattr(script, "GOLD", lambda prompts, responses: [len(r) % 3 for r in responses])
+    data, out = _tiny_data(tmp_path / "data"), tmp_path / "k3"
+    before = {p: p.read_bytes() for p in data.rglob("*") if p.is_file()}
+    argv = ["make_instruction_data.py", "--model", str(tiny_model_dir), "--data", str(data)]
+    argv += ["--resample-comparisons", str(out), "--k", "3", "--max-new-tokens", "6"]
+    monkeypatch.setattr("sys.argv", argv + ["--device", "cpu", "--batch-size", "4"])
+    script.main()
+
+    assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
+    for folder in ("prompts", "sft"):
+        for split in ("train", "test"):
+            assert (out / folder / f"{split}.jsonl").read_bytes() == (
+                data / folder / f"{split}.jsonl"
+            ).read_bytes()
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["labeller_tau"] == 0.5 and stats["data"]["k"] == 3
+    assert "added" not in stats["data"]
+    assert stats["data"]["comparisons_resampled"]["from"] == "data"
+    pair_count = 0
+    for split, n in (("train", 3), ("test", 1)):
+        rankings = [json.loads(line) for line in (out / "rankings" / f"{split}.jsonl").open()]
+        old = [json.loads(line) for line in (data / "rankings" / f"{split}.jsonl").open()]
+        assert [r["prompt"] for r in rankings] == [r["prompt"] for r in old]
+        for r in rankings:
+            assert len(r["responses"]) == 3 and sorted(r["ranking"]) == [0, 1, 2]
+            assert r["gold"] == [len(x) % 3 for x in r["responses"]]
+        pairs = [json.loads(line) for line in (out / "comparisons" / f"{split}.jsonl").open()]
+        untied = sum(
+            g[a] != g[b] and r["responses"][a] != r["responses"][b]
+            for r in rankings
+            for g in [r["gold"]]
+            for a, b in itertools.combinations(range(3), 2)
+        )
+        assert len(pairs) == untied == stats["data"][split]["comparisons"]
+        assert all(p["gold"][0] != p["gold"][1] for p in pairs)
+        assert stats["data"][split]["rankings"] == n
+        pair_count += len(pairs)
+    assert pair_count > 0  # the check above saw pairs
+    monkeypatch.setattr("sys.argv", argv + ["--device", "cpu"])
+    with pytest.raises(SystemExit, match="exists"):
+        script.main()
+
+
+def test_k8_data_shares_prompts_and_demonstrations_and_compares_8_samples_a_prompt():
+    k8 = tasks.INSTRUCTIONS_DATA_DIR.with_name("instructions_k8")
+    for folder in ("prompts", "sft"):
+        for split in ("train", "test"):
+            assert (k8 / folder / f"{split}.jsonl").read_bytes() == (
+                tasks.INSTRUCTIONS_DATA_DIR / folder / f"{split}.jsonl"
+            ).read_bytes()
+    stats = json.loads((k8 / "stats.json").read_text())
+    assert stats["data"]["k"] == 8
+    for split in ("train", "test"):
+        rankings, old = (
+            [json.loads(line) for line in (folder / "rankings" / f"{split}.jsonl").open()]
+            for folder in (k8, tasks.INSTRUCTIONS_DATA_DIR)
+        )
+        assert [r["prompt"] for r in rankings] == [r["prompt"] for r in old]
+        assert {len(r["responses"]) for r in rankings} == {8}
+        pairs = load_records(k8 / "comparisons", "comparisons", split=split)
+        assert len(pairs) == stats["data"][split]["comparisons"]

@@ -66,15 +66,22 @@ def _config(run_dir: Path, model: Path) -> PipelineConfig:
     )
 
 
-@pytest.mark.parametrize("config", [CONFIG, GPU_CONFIG], ids=["cpu", "gpu"])
-def test_config_derives_every_arm_from_the_bundled_data(config):
+@pytest.mark.parametrize(
+    "config, data",
+    [
+        (CONFIG, INSTRUCTIONS_DATA_DIR),
+        (GPU_CONFIG, INSTRUCTIONS_DATA_DIR.with_name("instructions_k8")),
+    ],
+    ids=["cpu", "gpu"],
+)
+def test_config_derives_every_arm_from_the_bundled_data(config, data):
     stages = stage_configs(load_config(PipelineConfig, config, output_dir="runs/x"))
     assert stages.grpo is not None
     assert stages.grpo.reward_functions == ["instructions"] and stages.grpo.reward_model is None
     assert stages.grpo.model == str(stages.sft.final_dir)
     assert set(stages.eval.models) == {"base", "sft", "ppo", "dpo", "grpo"}
     assert stages.eval.task == "instructions" and stages.eval.mixed_precision == "bf16"
-    assert Path(stages.sft.train_data).resolve() == INSTRUCTIONS_DATA_DIR / "sft"  # from the root
+    assert Path(stages.sft.train_data).resolve() == data / "sft"  # from the root
 
 
 def test_grpo_arm_needs_a_reward_without_a_task():
