@@ -196,9 +196,9 @@ def test_a_lora_policys_reference_beside_it_is_a_view_of_its_base_weights(
     [
         {},
         {"advantage_estimator": "sequence", "kl_in_loss": True, "clip_range_high": 0.3},
-        {"critic_warmup": 1, "lr_scheduler": "linear"},
+        {"critic_warmup": 1, "lr_scheduler": "linear", "critic_learning_rate": 1e-2},
     ],
-    ids=["defaults", "sequence-kl_in_loss-clip_higher", "critic_warmup"],
+    ids=["defaults", "sequence-kl_in_loss-clip_higher", "critic_warmup-critic_lr"],
 )
 def test_resume_continues_exactly(options, tiny_tokenizer, tmp_path, device):
     straight = _trainer(
@@ -417,6 +417,7 @@ def test_the_sequence_estimators_critic_learns_the_prompts_value_only(tiny_token
         ("reward_weights", [1.0, 2.0]),
         ("ptx_coef", -1.0),
         ("max_steps", 0),
+        ("critic_learning_rate", 0.0),
         ("critic_warmup", -1),
         ("critic_warmup", 2),  # not less than max_steps 2
     ],
@@ -429,6 +430,31 @@ def test_config_errors_name_the_field(tmp_path, field, value):
 def test_critic_warmup_needs_the_separate_critic(tmp_path):
     with pytest.raises(ConfigError, match="critic_warmup = 1 is not allowed: expected 0 with"):
         _config(tmp_path, critic="value_head", critic_warmup=1)
+
+
+def test_critic_learning_rate_needs_the_separate_critic(tmp_path):
+    with pytest.raises(
+        ConfigError, match="critic_learning_rate = 0.01 is not allowed: expected None"
+    ):
+        _config(tmp_path, critic="value_head", critic_learning_rate=1e-2)
+
+
+def test_the_critic_learns_at_its_own_rate_and_logs_it(tiny_tokenizer, tmp_path):
+    trainer = _trainer(
+        tiny_tokenizer, tmp_path, max_steps=2, critic_learning_rate=1e-2, lr_scheduler="linear"
+    )
+    policy, critic = trainer.learners["policy"], trainer.learners["critic"]
+    assert policy.scheduler.base_lrs == [1e-3, 1e-3]  # weight matrices, and the rest
+    assert critic.scheduler.base_lrs == [1e-2, 1e-2]
+    trainer.train()
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    # Each the mean of the rates of its iteration's 8 steps, i of 16 in a linear decay: 1 - i / 16
+    assert [row["train/lr"] for row in rows] == pytest.approx([1e-3 * 0.78125, 1e-3 * 0.28125])
+    assert [row["train/lr/critic"] for row in rows] == pytest.approx(
+        [1e-2 * 0.78125, 1e-2 * 0.28125]
+    )
+    default = _trainer(tiny_tokenizer, tmp_path / "default", max_steps=1)
+    assert default.learners["critic"].scheduler.base_lrs == [1e-3, 1e-3]
 
 
 def test_critic_warmup_trains_the_critic_alone_then_both(tiny_tokenizer, tmp_path):

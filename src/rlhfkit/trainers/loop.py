@@ -284,14 +284,17 @@ class Trainer:
         self.launcher = launcher_pid()  # torchrun's, whose death stops the run
 
     # ----------------------------------------------------------------- the processes
-    def distribute(self, name: str, model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """``model`` ready to learn on every process, with its AdamW: replicated through
-        accelerate (DDP on several processes) or, with ``fsdp``, sharded in place
-        (``runtime/sharding.py``), its optimiser then built over the shards."""
+    def distribute(
+        self, name: str, model: nn.Module, learning_rate: float | None = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """``model`` ready to learn on every process, with its AdamW (peak ``learning_rate``,
+        else the config's): replicated through accelerate (DDP on several processes) or, with
+        ``fsdp``, sharded in place (``runtime/sharding.py``), its optimiser then built over
+        the shards."""
         if self.runtime.sharded:
             self.sharded[name] = ShardedModel(model)
-            return model, build_optimizer(model, self.config)
-        return self.accelerator.prepare(model, build_optimizer(model, self.config))
+            return model, build_optimizer(model, self.config, learning_rate)
+        return self.accelerator.prepare(model, build_optimizer(model, self.config, learning_rate))
 
     def no_sync(self, model: nn.Module) -> AbstractContextManager:
         """Gradients of the micro-batches before an optimiser step's last, kept on each process

@@ -23,8 +23,11 @@ from rlhfkit.config import TrainConfig
 from rlhfkit.errors import require_finite
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, config: TrainConfig, learning_rate: float | None = None
+) -> torch.optim.AdamW:
     """AdamW over trainable parameters; no weight decay on biases and norm gains (1-D tensors).
+    Its peak learning rate is ``learning_rate``, else the config's.
 
     The fused kernel: one kernel per step instead of about ten per parameter tensor (the same
     update to float rounding, faster steps: docs/ppo.md)."""
@@ -37,7 +40,7 @@ def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.AdamW:
     ]
     return torch.optim.AdamW(
         [g for g in groups if g["params"]],
-        lr=config.learning_rate,
+        lr=config.learning_rate if learning_rate is None else learning_rate,
         betas=(config.adam_beta1, config.adam_beta2),
         eps=config.adam_epsilon,
         fused=True,
@@ -86,6 +89,7 @@ class Learner:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     max_grad_norm: float | None
+    lr_metric: str = "lr"  # the name its learning rate is logged under
     params: list[nn.Parameter] = dataclasses.field(init=False)  # the trained ones, for clipping
 
     def __post_init__(self) -> None:
@@ -99,11 +103,12 @@ class Learner:
         config: TrainConfig,
         total_steps: int,
         optimizer: torch.optim.Optimizer | None = None,
+        lr_metric: str = "lr",
     ) -> Learner:
         """AdamW (``build_optimizer``, unless given) and a schedule over ``total_steps``."""
         optimizer = optimizer or build_optimizer(module, config)
         scheduler = build_scheduler(optimizer, config, total_steps)
-        return cls(name, module, optimizer, scheduler, config.max_grad_norm)
+        return cls(name, module, optimizer, scheduler, config.max_grad_norm, lr_metric)
 
     def step(self) -> dict[str, float]:
         """Clip this model's gradients, step and clear; the norm before clipping and the
@@ -111,7 +116,10 @@ class Learner:
         (`NonFiniteError`): one such step would turn every weight into NaN. The norm is of the
         gradients reduced over the processes, so every process stops alike."""
         norm = clip_grad_norm(self.params, self.max_grad_norm)
-        stats = {f"grad_norm/{self.name}": norm.item(), "lr": self.scheduler.get_last_lr()[0]}
+        stats = {
+            f"grad_norm/{self.name}": norm.item(),
+            self.lr_metric: self.scheduler.get_last_lr()[0],
+        }
         require_finite(f"grad_norm/{self.name}", stats[f"grad_norm/{self.name}"])
         self.optimizer.step()
         self.scheduler.step()

@@ -133,9 +133,11 @@ class PPOTrainer(Trainer):
             )
         self.critic_engine: nn.Module | None = None
         if critic is not None:
-            self.critic_engine, optimizer = self.distribute("critic", critic)
-            steps = self.optimizer_steps
-            self.learners["critic"] = Learner.build("critic", critic, config, steps, optimizer)
+            lr = config.critic_learning_rate
+            self.critic_engine, optimizer = self.distribute("critic", critic, lr)
+            self.learners["critic"] = Learner.build(
+                "critic", critic, config, self.optimizer_steps, optimizer, "lr/critic"
+            )
         self.maker = ExperienceMaker(
             models, scorer, tokenizer, config.rollout_settings, self.runtime
         )

@@ -43,7 +43,8 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     output_dir: str = "runs/ppo"
     """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
     learning_rate: float = 1e-5
-    """Peak learning rate of AdamW for policy and critic."""
+    """Peak learning rate of AdamW for the policy, and for the critic unless
+    `critic_learning_rate` is set."""
     lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
     """Learning-rate decay over all optimiser steps of the run."""
     batch_size: int = 8
@@ -75,6 +76,10 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     critic_model: str | None = None
     """Where the separate critic starts; None = the reward model (InstructGPT), else `model`.
     It reads the policy's tokens: a reward model with another tokenizer needs one of these."""
+    critic_learning_rate: float | None = None
+    """Peak learning rate of the separate critic's AdamW (OpenRLHF's critic_learning_rate,
+    verl's critic.optim.lr; both use about 10x the policy's); None = `learning_rate`. Logged as
+    `train/lr/critic`. Needs the separate critic: a value head learns with the policy."""
     critic_warmup: int = 0
     """The first this many iterations train the critic alone, on responses of the starting
     policy, which they leave as it is (verl's critic_warmup, OpenRLHF's freezing_actor_steps).
@@ -160,6 +165,14 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
             "rollout_batch_size",
             self.rollout_batch_size % self.effective_batch_size == 0,
             f"a multiple of batch_size * gradient_accumulation_steps = {self.effective_batch_size}",
+        )
+        critic_lr = self.critic_learning_rate
+        require(self, "critic_learning_rate", critic_lr is None or critic_lr > 0, "None or > 0")
+        require(
+            self,
+            "critic_learning_rate",
+            critic_lr is None or self.critic == "separate",
+            "None with critic 'value_head' (the value head learns with the policy)",
         )
         require(self, "critic_warmup", self.critic_warmup >= 0, "an integer >= 0")
         require(

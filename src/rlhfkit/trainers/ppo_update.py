@@ -167,6 +167,6 @@ def update_learners(
     if beside < len(minibatches):
         accumulate(sums[0], policy.learn(minibatches[beside:]))
     stats: dict[str, float] = {}
-    for learner_sums in sums:  # disjoint keys but "lr", which all learners share
+    for learner_sums in sums:  # disjoint keys
         stats |= {key: value / len(minibatches) for key, value in learner_sums.items()}
     return stats
