@@ -125,19 +125,7 @@ class PPOTrainer(Trainer):
             reference = base_view(self.unwrapped_model)
         models = RolloutModels(self.unwrapped_model, reference, critic)
         self._prepare_models(models)
-        if config.critic_warmup:  # the policy's schedule spans only the steps it takes
-            policy = self.learners[self.learner_name]
-            steps = config.policy_optimizer_steps(self.state.total_steps, self.runtime.world)
-            self.learners[self.learner_name] = Learner.build(
-                self.learner_name, policy.module, config, steps, policy.optimizer
-            )
-        self.critic_engine: nn.Module | None = None
-        if critic is not None:
-            lr = config.critic_learning_rate
-            self.critic_engine, optimizer = self.distribute("critic", critic, lr)
-            self.learners["critic"] = Learner.build(
-                "critic", critic, config, self.optimizer_steps, optimizer, "lr/critic"
-            )
+        self._build_learners(critic)
         self.maker = ExperienceMaker(
             models, scorer, tokenizer, config.rollout_settings, self.runtime
         )
@@ -158,6 +146,24 @@ class PPOTrainer(Trainer):
         if self.ptx_examples:
             self.ptx_stream.check_split("ptx_data")
         self.ptx_position = (0, 0)  # (pass, batch) of the ptx stream
+
+    def _build_learners(self, critic: nn.Module | None) -> None:
+        """The policy's learning-rate schedule over the steps it takes (after the critic's
+        warmup), and the separate critic ready to learn with its own AdamW and schedule."""
+        config = self.config
+        if config.critic_warmup:
+            policy = self.learners[self.learner_name]
+            steps = config.policy_optimizer_steps(self.state.total_steps, self.runtime.world)
+            self.learners[self.learner_name] = Learner.build(
+                self.learner_name, policy.module, config, steps, policy.optimizer
+            )
+        self.critic_engine: nn.Module | None = None
+        if critic is not None:
+            lr = config.critic_learning_rate
+            self.critic_engine, optimizer = self.distribute("critic", critic, lr)
+            self.learners["critic"] = Learner.build(
+                "critic", critic, config, self.optimizer_steps, optimizer, "lr/critic"
+            )
 
     def _update_schedule(self) -> list[MinibatchLearner]:
         """Each learner with its loss and the module its loss runs, the wrapper whose gradient
