@@ -171,6 +171,20 @@ def pair_agreement(pairs: list[dict]) -> float | None:
     return sum(p["gold"][0] > p["gold"][1] for p in pairs) / len(pairs) if pairs else None
 
 
+def label_stats(rankings: list[dict], pairs: list[dict]) -> dict:
+    """How the labels of one split agree with the gold order, and the samples' mean gold."""
+    all_golds = [g for r in rankings for g in r["gold"]]
+    return {
+        "agreement_with_gold": {
+            "pairs": _rounded(pair_agreement(pairs)),
+            "rankings": _rounded(
+                gold_agreement([r["ranking"] for r in rankings], [r["gold"] for r in rankings])
+            ),
+        },
+        "mean_gold_of_samples": round(sum(all_golds) / len(all_golds), 4),
+    }
+
+
 def _rounded(x: float | None) -> float | None:
     """``x`` to 4 decimals; None for no value (nan: every pair tied), which JSON can hold."""
     return None if x is None or math.isnan(x) else round(x, 4)
@@ -246,18 +260,9 @@ def resample_comparisons(args, model, tokenizer) -> None:
         rankings, pairs = label(prompts, sets, tau, random.Random(args.seed + 10 + offset))
         write_jsonl(rankings, out / "rankings" / f"{split}.jsonl")
         write_jsonl(pairs, out / "comparisons" / f"{split}.jsonl")
-        all_golds = [g for r in rankings for g in r["gold"]]
         made[split].update(
-            rankings=len(rankings),
-            comparisons=len(pairs),
-            mean_gold_of_samples=round(sum(all_golds) / len(all_golds), 4),
+            rankings=len(rankings), comparisons=len(pairs), **label_stats(rankings, pairs)
         )
-        made[split]["agreement_with_gold"] = {
-            "pairs": _rounded(pair_agreement(pairs)),
-            "rankings": _rounded(
-                gold_agreement([r["ranking"] for r in rankings], [r["gold"] for r in rankings])
-            ),
-        }
         log.info("%s: %d rankings, %d comparisons", split, len(rankings), len(pairs))
     made.pop("added", None)
     made.update(
@@ -321,19 +326,12 @@ def main() -> None:
         write_jsonl(rankings, args.data / "rankings" / f"{split}.jsonl")
         write_jsonl(pairs, args.data / "comparisons" / f"{split}.jsonl")
         write_jsonl(demos, args.data / "sft" / f"{split}.jsonl")
-        all_golds = [g for r in rankings for g in r["gold"]]
         data_stats[split] = {
             "rankings": len(rankings),
             "comparisons": len(pairs),
             "sft": len(demos),
             "demo_prompts": len(demo_prompts),
-            "agreement_with_gold": {
-                "pairs": _rounded(pair_agreement(pairs)),
-                "rankings": _rounded(
-                    gold_agreement([r["ranking"] for r in rankings], [r["gold"] for r in rankings])
-                ),
-            },
-            "mean_gold_of_samples": round(sum(all_golds) / len(all_golds), 4),
+            **label_stats(rankings, pairs),
             "mean_gold_of_demonstrations": round(
                 sum(d["gold"] for d in demos) / max(1, len(demos)), 4
             ),
