@@ -11,6 +11,7 @@ import pytest
 
 from helpers import write_jsonl, write_pipeline_data
 from rlhfkit import checkpoint as ckpt
+from rlhfkit.cli import main
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.evaluation.report import (
     TABLE_COLUMNS,
@@ -112,6 +113,24 @@ def test_unknown_stage_field_is_named(tmp_path):
     config = PipelineConfig(output_dir=str(tmp_path), sft={"learning_rat": 1e-4})
     with pytest.raises(ConfigError, match="PipelineConfig.sft"):
         stage_configs(config)
+
+
+@pytest.mark.parametrize("section", ["sft", "reward", "ppo", "dpo", "eval", "round_ppo"])
+def test_a_stage_set_to_null_is_a_config_error(tmp_path, section):
+    with pytest.raises(ConfigError, match=rf"PipelineConfig\.{section} = None .*grpo: null"):
+        PipelineConfig(output_dir=str(tmp_path), **{section: None})
+
+
+def test_a_stage_set_to_null_on_the_command_line_is_named(tmp_path, capsys):
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(f"output_dir: {tmp_path / 'run'}\nreward: null\n")
+    with pytest.raises(SystemExit) as info:
+        main(["pipeline", "--config", str(config)])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "PipelineConfig.reward = None is not allowed" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_report_from_fake_results(tmp_path):

@@ -126,6 +126,14 @@ class PipelineConfig:
             require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         require(self, "responses_per_prompt", self.responses_per_prompt >= 2, "an integer >= 2")
         require(self, "round_heldout", 0 <= self.round_heldout < 1, "a share in [0, 1)")
+        for name in ("sft", "reward", "ppo", "dpo", "eval", "round_reward", "round_ppo"):
+            require(
+                self,
+                name,
+                isinstance(getattr(self, name), dict),
+                "a mapping of the stage's fields, {} for its defaults (every stage but grpo "
+                "runs; grpo: null leaves the GRPO arm out)",
+            )
         require(
             self,
             "grpo",
