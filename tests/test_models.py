@@ -266,6 +266,23 @@ def test_reward_model_trains_head_and_backbone(tiny_model_dir):
     assert rm.backbone.wte.weight.grad.abs().sum() > 0
 
 
+def test_a_critic_from_a_language_model_starts_at_zero_and_learns(tiny_model_dir):
+    """A fresh critic head is zero (every value 0), a fresh reward head small and random; the
+    zero head still gets gradients, and the backbone gets them once the head has moved."""
+    ids, mask = _pad(SEQS, 1, "right")
+    critic = ValueModel.from_pretrained(tiny_model_dir)
+    assert torch.count_nonzero(critic.score.weight) == 0
+    values = critic(ids, mask)  # (B, T)
+    assert torch.count_nonzero(values) == 0
+    values.sum().backward()
+    assert critic.score.weight.grad.abs().sum() > 0
+    assert critic.backbone.wte.weight.grad.abs().sum() == 0
+    rm = RewardModel.from_pretrained(tiny_model_dir)
+    hidden = rm.config.hidden_size
+    assert abs(rm.score.weight.std().item() - (hidden + 1) ** -0.5) < 0.3 * (hidden + 1) ** -0.5
+    assert torch.unique(rm(ids, mask)).numel() == len(SEQS)
+
+
 def test_value_model_from_reward_checkpoint(tmp_path, tiny_model_dir, tiny_tokenizer):
     rm = RewardModel.from_pretrained(tiny_model_dir)
     _perturb(rm.score)

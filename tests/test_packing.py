@@ -161,18 +161,27 @@ def test_packed_passes_equal_padded_ones(build, attention, device):
     for (name, p), q in zip(padded_lm.named_parameters(), packed_lm.parameters(), strict=True):
         assert _close(p.grad, q.grad, rel=1e-4), name
 
+    # Fresh critic heads are zero: a random one makes the values depend on the hidden states.
+    head = torch.nn.Linear(padded_lm.config.hidden_size, 1).to(device)
     critic = ValueModel(padded_lm.base_model).to(device)
     packed_critic = ValueModel(packed_lm.base_model).to(device)
-    packed_critic.score.load_state_dict(critic.score.state_dict())
+    for model in (critic, packed_critic):
+        model.score.load_state_dict(head.state_dict())
     values = critic_values(critic, padded, tr)
+    assert values[mask].std() > 0
     assert _close(values[mask], critic_values(packed_critic, packed, tr)[mask])
 
     (la, va), (lb, vb) = (
-        response_logits(ValueHeadLM(m).to(device), inputs, tr, 1.0)
+        response_logits(_with_head(ValueHeadLM(m).to(device), head), inputs, tr, 1.0)
         for m, inputs in ((padded_lm, padded), (packed_lm, packed))
     )
     assert va.shape == vb.shape == (4, tr)
     assert _close(la[mask], lb[mask]) and _close(va[mask], vb[mask])
+
+
+def _with_head(model: ValueHeadLM, head: torch.nn.Linear) -> ValueHeadLM:
+    model.value_head.load_state_dict(head.state_dict())
+    return model
 
 
 def test_short_rows_in_bf16_with_gradients_take_the_eager_kernel_on_a_cpu():
@@ -303,6 +312,8 @@ def test_ppo_packed_and_padded_make_the_same_rollout_and_step(tiny_tokenizer, tm
         a, b = getattr(rollout_a, field), getattr(rollout_b, field)
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), field
     a, b = _weights(trainers[False].trainable), _weights(trainers[True].trainable)
-    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=2e-5) for k in a)
+    # Adam's steps divide a gradient by its own size, so where a component is tiny its
+    # rounding can move the weight by a few percent of a step (the learning rate, 1e-3).
+    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=5e-5) for k in a)
     for key in ("loss/policy", "loss/value", "grad_norm/policy", "grad_norm/critic"):
         assert metrics_b[key] == pytest.approx(metrics_a[key], rel=1e-4, abs=1e-6)

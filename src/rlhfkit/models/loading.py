@@ -358,6 +358,9 @@ class ScalarHeadModel(nn.Module):
 
     default_per_token = False
     role = "model"  # what errors call it
+    fresh_head_random = True
+    """Whether a fresh head starts small and random (a reward model's, lm-human-preferences:
+    std 1 / sqrt(hidden + 1), scores near 0 but not tied) or at zero (a critic's)."""
 
     def __init__(self, backbone: nn.Module, *, per_token: bool | None = None):
         super().__init__()
@@ -365,8 +368,10 @@ class ScalarHeadModel(nn.Module):
         self.per_token = self.default_per_token if per_token is None else per_token
         hidden = backbone.config.hidden_size
         self.score = nn.Linear(hidden, 1)
-        # lm-human-preferences: small random init so initial scores are near 0 but not tied.
-        nn.init.normal_(self.score.weight, std=1.0 / math.sqrt(hidden + 1))
+        if self.fresh_head_random:
+            nn.init.normal_(self.score.weight, std=1.0 / math.sqrt(hidden + 1))
+        else:
+            nn.init.zeros_(self.score.weight)
         nn.init.zeros_(self.score.bias)
 
     @property
@@ -525,10 +530,16 @@ class RewardModel(ScalarHeadModel):
 
 
 class ValueModel(ScalarHeadModel):
-    """Values (B, T) at every token: the PPO critic."""
+    """Values (B, T) at every token: the PPO critic.
+
+    Started from a language model rather than a reward model, its head is zero, as
+    lm-human-preferences' value head: every value starts at 0, so the first advantages are
+    the returns themselves, not a random head's error (which whitening would make as large
+    as any signal)."""
 
     default_per_token = True
     role = "critic"
+    fresh_head_random = False
 
 
 def is_reward_model(path_or_name: str | os.PathLike, revision: str | None = None) -> bool:
