@@ -312,6 +312,27 @@ def test_demo_rounds_config_plans_three_rounds_on_new_prompts():
     assert list(stages.eval.models)[-2:] == ["ppo_round2", "ppo_round3"]
 
 
+def test_ppo_critic_init_starts_every_rounds_critic_from_the_sft_model():
+    demo_rounds = ROOT / "configs" / "demo_rounds.yaml"
+    default = stage_configs(load_config(PipelineConfig, demo_rounds, output_dir="x"))
+    assert default.ppo.critic_start(None) == "x/reward/final"  # InstructGPT's start
+    assert default.rounds[0].ppo.critic_start(None) == "x/round_2/rm/final"
+    stages = stage_configs(
+        load_config(PipelineConfig, demo_rounds, output_dir="x", ppo_critic_init="sft")
+    )
+    assert [p.critic_model for p in (stages.ppo, *(r.ppo for r in stages.rounds))] == [
+        "x/sft/final"
+    ] * 3
+    assert stages.ppo.critic_start(None) == "x/sft/final" == stages.ppo.model
+    given = load_config(
+        PipelineConfig, demo_rounds, output_dir="x", ppo_critic_init="sft",
+        ppo={"critic_model": "elsewhere"},
+    )  # fmt: skip
+    assert stage_configs(given).ppo.critic_model == "elsewhere"
+    with pytest.raises(ConfigError, match="PipelineConfig.ppo_critic_init = 'policy'"):
+        PipelineConfig(ppo_critic_init="policy")
+
+
 # --------------------------------------------------------------------- the labeller
 def test_simulated_labeller_follows_bradley_terry_and_is_seeded():
     rng = random.Random(0)

@@ -54,6 +54,9 @@ class PipelineConfig:
     KL: the over-optimisation curve); 0 = only the final evaluation."""
     ppo_eval_prompts: int = 32
     """Held-out prompts per PPO evaluation point."""
+    ppo_critic_init: Literal["reward_model", "sft"] = "reward_model"
+    """Where PPO's separate critic starts, in every round: the reward model (InstructGPT) or
+    the SFT model with a zero value head (docs/ppo.md). A path in `ppo.critic_model` wins."""
     rounds: int = 1
     """Rounds of InstructGPT's loop of steps 2 and 3 (docs/iterated_rlhf.md): after the PPO
     of round r, K responses per prompt are sampled from its policy on new prompts, labelled,
@@ -242,6 +245,7 @@ def stage_configs(config: PipelineConfig) -> Stages:
         output_dir=str(run / "ppo"),
         train_data=config.data("prompts"),
         eval_data=config.data("prompts"),
+        **_critic_start(config, sft_final),
         **split,
     )
     dpo = _build(
@@ -258,6 +262,11 @@ def stage_configs(config: PipelineConfig) -> Stages:
     rounds = _round_stages(config, sft, reward, ppo)
     ev = _eval_config(config, base, sft, reward, ppo, dpo, grpo, rounds)
     return Stages(sft, reward, ppo, dpo, ev, rounds, grpo)
+
+
+def _critic_start(config: PipelineConfig, sft_final: str) -> dict[str, str]:
+    """PPO's `critic_model` as `ppo_critic_init` says (none: the reward model, PPO's default)."""
+    return {"critic_model": sft_final} if config.ppo_critic_init == "sft" else {}
 
 
 def _grpo_config(config: PipelineConfig, sft_final: str, split: dict) -> GRPOConfig | None:
@@ -316,6 +325,7 @@ def _round_stages(
             output_dir=str(where / "ppo"),
             train_data=config.data("prompts"),
             eval_data=config.data("prompts"),
+            **_critic_start(config, sft_final),
             **split,
         )
         init = policy if config.round_policy_init == "previous" else None
