@@ -266,11 +266,13 @@ def test_reward_model_trains_head_and_backbone(tiny_model_dir):
     assert rm.backbone.wte.weight.grad.abs().sum() > 0
 
 
-def test_a_critic_from_a_language_model_starts_at_zero_and_learns(tiny_model_dir):
+def test_a_critic_from_a_language_model_starts_at_zero_and_learns(tiny_model_dir, caplog):
     """A fresh critic head is zero (every value 0), a fresh reward head small and random; the
     zero head still gets gradients, and the backbone gets them once the head has moved."""
     ids, mask = _pad(SEQS, 1, "right")
-    critic = ValueModel.from_pretrained(tiny_model_dir)
+    with caplog.at_level(logging.INFO, logger="rlhfkit.models.loading"):
+        critic = ValueModel.from_pretrained(tiny_model_dir)
+    assert "the score head is freshly initialised (at zero)" in caplog.text
     assert torch.count_nonzero(critic.score.weight) == 0
     values = critic(ids, mask)  # (B, T)
     assert torch.count_nonzero(values) == 0

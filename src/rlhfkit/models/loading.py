@@ -456,9 +456,10 @@ class ScalarHeadModel(nn.Module):
         if head_config is None:
             logger.info(
                 "%s is no reward model (neither a sequence classifier nor with %s); the score "
-                "head is freshly initialised",
+                "head is freshly initialised (%s)",
                 path_or_name,
                 HEAD_CONFIG,
+                "small and random" if cls.fresh_head_random else "at zero",
             )
         else:
             state = load_file(model_file(path_or_name, HEAD_WEIGHTS, revision))
