@@ -391,7 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     light = resolved is not None and resolved[1].light
     try:
         if "--verbose" not in flags and not light:
-            _hide_library_progress_bars()
+            from rlhfkit.tracking import hide_library_progress_bars
+
+            hide_library_progress_bars()
         if "--bounded-memory" in flags:  # before any model is loaded, or too late
             from rlhfkit.runtime.allocator import bound_held_memory
 
@@ -427,18 +429,6 @@ def _fail(name: str, error: Exception, debug: bool) -> int:
     hint = "" if debug else f" (`rlhfkit --debug {name} ...` or {DEBUG_ENV}=1 shows the traceback)"
     print(f"rlhfkit {name}: {kind}: {message}{hint}", file=sys.stderr)
     return 1
-
-
-def _hide_library_progress_bars() -> None:
-    """One bar per stage: transformers draws its own for every model it loads or saves
-    ("Loading weights", "Writing model shards"), datasets and the hub theirs."""
-    import datasets
-    import huggingface_hub
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    huggingface_hub.utils.disable_progress_bars()
 
 
 def _print_summary(name: str, config: Any, result: Any) -> None:

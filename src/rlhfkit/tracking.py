@@ -85,6 +85,18 @@ def is_terminal() -> bool:
     return sys.stderr.isatty()
 
 
+def hide_library_progress_bars() -> None:
+    """One bar per stage: transformers draws its own for every model it loads or saves
+    ("Loading weights", "Writing model shards"), datasets and the hub theirs."""
+    import datasets
+    import huggingface_hub
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    huggingface_hub.utils.disable_progress_bars()
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """All JSON objects of a JSONL file (empty list if the file does not exist)."""
     path = Path(path)

@@ -67,6 +67,8 @@ class Step:
     name: str
     done: Callable[[], bool]
     run: Callable[[], Any]
+    seconds: Callable[[], float | None] | None = None
+    """The stage's own time, where ``run()`` only waits for a process that trained it."""
 
 
 @dataclass

@@ -32,13 +32,14 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import load_config
 from rlhfkit.evaluation.evaluate import EvalConfig, evaluate
 from rlhfkit.evaluation.report import TABLE_COLUMNS, format_table, load_eval, write_report
+from rlhfkit.pipeline import runners
+from rlhfkit.pipeline.arms import Arms
 from rlhfkit.pipeline.config import (
     DemoConfig,
     PipelineConfig,
@@ -46,7 +47,7 @@ from rlhfkit.pipeline.config import (
     demo_config_path,
     stage_configs,
 )
-from rlhfkit.pipeline.ppo_eval import PPO_EVAL_DIR, ppo_points, train_ppo
+from rlhfkit.pipeline.ppo_eval import PPO_EVAL_DIR, ppo_points
 from rlhfkit.pipeline.rounds import (
     LabelsPending,
     RoundPlan,
@@ -60,47 +61,6 @@ logger = logging.getLogger(__name__)
 
 TIMINGS_FILE = "pipeline.json"
 TRAINING_STAGES = ("sft", "reward", "ppo", "dpo")
-
-
-# --------------------------------------------------------------------------- stages
-def run_sft_stage(config: PipelineConfig, stages: Stages) -> None:
-    from rlhfkit.trainers.sft import run_sft
-
-    run_sft(stages.sft)
-
-
-def run_reward_stage(config: PipelineConfig, stages: Stages) -> None:
-    from rlhfkit.trainers.reward import run_reward
-
-    run_reward(stages.reward)
-
-
-def run_dpo_stage(config: PipelineConfig, stages: Stages) -> None:
-    from rlhfkit.trainers.dpo import run_dpo
-
-    run_dpo(stages.dpo)
-
-
-def run_grpo_stage(config: PipelineConfig, stages: Stages) -> None:
-    from rlhfkit.trainers.grpo import run_grpo
-
-    run_grpo(stages.grpo)
-
-
-def run_ppo_stage(config: PipelineConfig, stages: Stages) -> None:
-    """PPO in slices of ``ppo_eval_every`` iterations, one evaluation point after each."""
-    train_ppo(
-        stages.ppo,
-        stages.eval,
-        eval_every=config.ppo_eval_every,
-        eval_prompts=config.ppo_eval_prompts,
-        eval_dir=config.run_dir / PPO_EVAL_DIR,
-        task=config.task,
-    )
-
-
-def run_eval_stage(config: PipelineConfig, stages: Stages) -> None:
-    evaluate(stages.eval)
 
 
 def _trained(stages: Stages) -> list:
@@ -129,30 +89,38 @@ def _is_done(stage: str, stages: Stages) -> bool:
     return ckpt.is_complete(getattr(stages, stage).output_dir)
 
 
-RUNNERS: dict[str, Callable[[PipelineConfig, Stages], None]] = {
-    "sft": run_sft_stage,
-    "reward": run_reward_stage,
-    "ppo": run_ppo_stage,
-    "dpo": run_dpo_stage,
-    "grpo": run_grpo_stage,
-    "eval": run_eval_stage,
-}
+def arm_names(stages: Stages) -> tuple[str, ...]:
+    """The comparison arms, which need only the SFT model: DPO, and GRPO where asked."""
+    return ("dpo",) + (("grpo",) if stages.grpo is not None else ())
 
 
-def pipeline_steps(config: PipelineConfig, stages: Stages, plan: RoundPlan | None) -> list[Step]:
+def pipeline_steps(
+    config: PipelineConfig, stages: Stages, plan: RoundPlan | None, arms: Arms | None = None
+) -> list[Step]:
     """The stages in order: SFT, reward, PPO, DPO, GRPO where asked, the rounds >= 2
-    (``rounds.py``), eval."""
+    (``rounds.py``), eval. With ``arms`` (``parallel_arms``), DPO and GRPO train in their own
+    processes, started after SFT, and their steps wait for those: the arms run beside the
+    reward model and PPO, and are done before a round can stop the pipeline for labels."""
 
     def stage(name: str) -> Step:
         return Step(
             name,
             functools.partial(_is_done, name, stages),
-            functools.partial(RUNNERS[name], config, stages),
+            functools.partial(runners.RUNNERS[name], config, stages),
+        )
+
+    def waited(name: str) -> Step:
+        done = functools.partial(_is_done, name, stages)
+        return Step(
+            name,
+            lambda: not arms.is_running(name) and done(),
+            functools.partial(arms.join, name),
+            functools.partial(arms.seconds, name),
         )
 
     rounds = round_steps(config, stages, plan) if plan is not None else []
-    arms = ("sft", "reward", "ppo", "dpo") + (("grpo",) if stages.grpo is not None else ())
-    return [*map(stage, arms), *rounds, stage("eval")]
+    side = [stage(name) if arms is None else waited(name) for name in arm_names(stages)]
+    return [stage("sft"), stage("reward"), stage("ppo"), *side, *rounds, stage("eval")]
 
 
 # --------------------------------------------------------------------------- the run
@@ -166,24 +134,49 @@ def run_pipeline(config: PipelineConfig) -> Path | LabelsPending:
     timings_path = run_dir / TIMINGS_FILE
     timings = ckpt.read_json(timings_path) if timings_path.is_file() else {}
     started = time.perf_counter()
-    steps = pipeline_steps(config, stages, plan)
-    for number, step in enumerate(steps, start=1):
-        if step.done():
-            logger.info("stage %d/%d %s: already done, skipped", number, len(steps), step.name)
-            timings.setdefault(step.name, {"seconds": None})["status"] = "skipped (done before)"
-            continue
-        logger.info("stage %d/%d %s: starting", number, len(steps), step.name)
-        stage_started = time.perf_counter()
-        pending = step.run()
-        seconds = time.perf_counter() - stage_started
-        status = "waiting for labels" if isinstance(pending, LabelsPending) else "done"
-        timings[step.name] = {"seconds": seconds, "status": status}
-        ckpt.write_json(timings, timings_path)
-        if isinstance(pending, LabelsPending):
-            logger.info("stage %d/%d %s: %s", number, len(steps), step.name, pending.message())
-            return pending
-        logger.info("stage %d/%d %s: done in %.1f s", number, len(steps), step.name, seconds)
+    arms = Arms(config) if config.parallel_arms else None
+    steps = pipeline_steps(config, stages, plan, arms)
+    try:
+        for number, step in enumerate(steps, start=1):
+            pending = _run_step(step, f"stage {number}/{len(steps)} {step.name}", timings)
+            ckpt.write_json(timings, timings_path)
+            if isinstance(pending, LabelsPending):
+                return pending
+            if arms is not None and step.name == "sft":
+                _start_arms(arms, stages)
+    finally:
+        if arms is not None:
+            arms.stop()  # only those not waited for: the pipeline stopped first
     return _write_report(config, stages, timings, started)
+
+
+def _start_arms(arms: Arms, stages: Stages) -> None:
+    """Start every arm not done yet, each in a process of its own."""
+    for name in arm_names(stages):
+        if not _is_done(name, stages):
+            arms.start(name)
+
+
+def _run_step(step: Step, title: str, timings: dict) -> LabelsPending | None:
+    """Run ``step`` unless it is done, and note its time and status in ``timings``."""
+    if step.done():
+        logger.info("%s: already done, skipped", title)
+        timings.setdefault(step.name, {"seconds": None})["status"] = "skipped (done before)"
+        return None
+    logger.info("%s: starting", title)
+    stage_started = time.perf_counter()
+    pending = step.run()
+    seconds = time.perf_counter() - stage_started
+    own = step.seconds() if step.seconds is not None else None
+    if own is not None:
+        seconds = own
+    status = "waiting for labels" if isinstance(pending, LabelsPending) else "done"
+    timings[step.name] = {"seconds": seconds, "status": status}
+    if isinstance(pending, LabelsPending):
+        logger.info("%s: %s", title, pending.message())
+        return pending
+    logger.info("%s: done in %.1f s", title, seconds)
+    return None
 
 
 def _write_report(config: PipelineConfig, stages: Stages, timings: dict, started: float) -> Path:
