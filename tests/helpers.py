@@ -8,6 +8,7 @@ here with ``from helpers import tiny_lm``.
 
 import json
 import random
+from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -24,6 +25,7 @@ from rlhfkit.experience.scorers import Scorer
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 TINY_VOCAB_SIZE = 400
+TINY_PIPELINE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_tiny.yaml"
 
 SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "a small bird", "the robot", "we"]
 VERBS = ["likes", "sees", "finds", "makes", "wants", "reads", "paints", "helps"]
@@ -118,6 +120,22 @@ def write_pipeline_data(root) -> None:
             for (p, r), (_, other) in zip(cut, cut[1:] + cut[:1], strict=True)
         ]
         write_jsonl(root / "comparisons" / f"{split}.jsonl", pairs)
+
+
+def tiny_pipeline_config(run_dir, data, model, **fields):
+    """configs/demo_tiny.yaml (a few steps a stage) on ``data`` (``write_pipeline_data``) and
+    the tiny ``model``, into ``run_dir``, with ``fields`` set."""
+    from rlhfkit.config import load_config
+    from rlhfkit.pipeline.config import PipelineConfig
+
+    return load_config(
+        PipelineConfig,
+        TINY_PIPELINE_CONFIG,
+        output_dir=str(run_dir),
+        base_model=str(model),
+        data_dir=str(data),
+        **fields,
+    )
 
 
 def on_device(device, **overrides) -> dict:

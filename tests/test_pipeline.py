@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import write_jsonl, write_pipeline_data
+from helpers import tiny_pipeline_config, write_jsonl, write_pipeline_data
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.cli import main
 from rlhfkit.config import ConfigError, load_config
@@ -23,7 +23,6 @@ from rlhfkit.models.loading import RewardModel, ValueModel, load_causal_lm
 from rlhfkit.pipeline.config import PipelineConfig, stage_configs
 from rlhfkit.pipeline.run import run_pipeline
 
-TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_tiny.yaml"
 STAGES = ("sft", "reward", "ppo", "dpo", "eval")
 
 
@@ -35,19 +34,9 @@ def tiny_data(tmp_path_factory) -> Path:
     return root
 
 
-def _config(run_dir: Path, data: Path, model: Path) -> PipelineConfig:
-    return load_config(
-        PipelineConfig,
-        TINY_CONFIG,
-        output_dir=str(run_dir),
-        base_model=str(model),
-        data_dir=str(data),
-    )
-
-
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, tiny_data, tiny_model_dir):
-    config = _config(tmp_path_factory.mktemp("run"), tiny_data, tiny_model_dir)
+    config = tiny_pipeline_config(tmp_path_factory.mktemp("run"), tiny_data, tiny_model_dir)
     return config, run_pipeline(config)
 
 

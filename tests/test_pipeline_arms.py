@@ -11,16 +11,14 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from helpers import write_pipeline_data
+from helpers import tiny_pipeline_config, write_pipeline_data
 from rlhfkit import checkpoint as ckpt
-from rlhfkit.config import load_config
 from rlhfkit.errors import RunError, UsageError
 from rlhfkit.evaluation.report import load_eval
 from rlhfkit.pipeline import runners
 from rlhfkit.pipeline.config import PipelineConfig
 from rlhfkit.pipeline.run import run_pipeline
 
-TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_tiny.yaml"
 GRPO = {"max_steps": 2, "batch_size": 2, "max_new_tokens": 8, "report_to": ["none"]}
 ARMS = ("dpo", "grpo")
 
@@ -39,15 +37,8 @@ def one_thread(monkeypatch):
 
 
 def _config(run_dir: Path, data: Path, model: Path, **fields) -> PipelineConfig:
-    fields.setdefault("grpo", GRPO)
-    return load_config(
-        PipelineConfig,
-        TINY_CONFIG,
-        output_dir=str(run_dir),
-        base_model=str(model),
-        data_dir=str(data),
-        **fields,
-    )
+    """The tiny pipeline with a GRPO arm, so that both arms run."""
+    return tiny_pipeline_config(run_dir, data, model, **{"grpo": GRPO, **fields})
 
 
 def _weights(run: Path, stage: str) -> dict:
