@@ -158,3 +158,12 @@ def test_the_cli_flag_bounds_memory_before_the_command_runs(monkeypatch):
     with pytest.raises(SystemExit):
         cli.main(["--bounded-memory", "sft", "--help"])
     assert calls == [True]
+
+
+def test_peak_resident_memory_counts_a_large_tensor():
+    before = allocator.peak_resident_gib()
+    block = torch.ones(2**28 // 4)  # 256 MiB, every page written
+    after = allocator.peak_resident_gib()
+    del block
+    assert before > 0 and after - before >= 0.2  # no more than the process already peaked at
+    assert allocator.peak_resident_gib() == after  # a high-water mark: freeing does not lower it

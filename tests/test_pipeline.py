@@ -74,6 +74,8 @@ def test_every_stage_leaves_a_loadable_model_and_the_report_is_filled(finished):
     assert points[-1]["gold"] == pytest.approx(ppo_row["gold"], abs=1e-6)
     timings = json.loads((run / "pipeline.json").read_text())
     assert all(timings[s]["status"] == "done" and timings[s]["seconds"] > 0 for s in STAGES)
+    peaks = [timings[s]["peak_memory_gib"] for s in STAGES]  # one process's high-water mark
+    assert peaks[0] > 0 and peaks == sorted(peaks)
 
 
 def test_rerun_skips_finished_stages_and_resumes_an_interrupted_one(finished, caplog):
@@ -158,7 +160,11 @@ def test_report_from_fake_results(tmp_path):
         result,
         {"ppo": stage, "dpo": tmp_path / "missing"},
         ppo_points=points,
-        timings={"sft": {"seconds": 1.5, "status": "done"}},
+        timings={
+            "sft": {"seconds": 1.5, "status": "done", "peak_memory_gib": 2.25},
+            "reward": {"seconds": 2.0, "status": "done", "peak_memory_gib": 3.5},
+            "report": {"seconds": 0.5, "status": "done"},
+        },
     )
     text = report.read_text()
     assert "| ppo | 0.400 | 1.500 | 3.200 | 0.800 |" in text
@@ -168,7 +174,8 @@ def test_report_from_fake_results(tmp_path):
         tmp_path / "plots" / "dpo.png"
     ).exists()
     assert (tmp_path / "plots" / "gold_proxy_vs_kl.png").stat().st_size > 10_000
-    assert "| total | 1.500 |" in text
+    assert "| sft | 1.500 | done | 2.250 |" in text and "| report | 0.500 | done | - |" in text
+    assert "| total | 4.000 |  | 3.500 |" in text  # the most any stage's process held
     assert "No over-optimisation within this run: gold is highest at the last point" in text
     assert format_table([{"a": None, "b": 1}]).splitlines()[-1] == "| - | 1 |"
 

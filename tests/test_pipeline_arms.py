@@ -64,9 +64,10 @@ def test_arms_in_their_own_processes_train_what_the_pipeline_trains(
     assert [r["model"] for r in rows][:5] == ["base", "sft", "ppo", "dpo", "grpo"]
 
     timings = json.loads((side.run_dir / "pipeline.json").read_text())
-    for stage in ARMS:  # the arm's own time, as its process measured it
-        own = json.loads((side.run_dir / "arms" / f"{stage}.json").read_text())["seconds"]
-        assert timings[stage] == {"seconds": own, "status": "done"}
+    for stage in ARMS:  # the arm's own time and memory, as its process measured them
+        own = json.loads((side.run_dir / "arms" / f"{stage}.json").read_text())
+        assert own["seconds"] > 0 and own["peak_memory_gib"] > 0
+        assert timings[stage] == {**own, "status": "done"}
 
 
 def test_a_failing_arm_stops_the_pipeline_with_its_message(

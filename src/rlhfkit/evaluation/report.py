@@ -237,14 +237,21 @@ def _pass_rate_lines(rows: Sequence[Mapping[str, Any]] | None) -> list[str]:
     ]
 
 
+TIMING_NOTE = (
+    "`peak_memory_gib`: the most resident memory the process that ran the stage had held by "
+    "its end; the pipeline runs its stages in one process, so this includes every stage before "
+    "it (an arm of `parallel_arms` runs in its own)."
+)
+
+
 def _timing_table(timings: Mapping[str, Mapping[str, Any]]) -> str:
-    rows = [
-        {"stage": stage, "seconds": t.get("seconds"), "status": t.get("status", "")}
-        for stage, t in timings.items()
-    ]
+    """Each stage's seconds, status and the peak memory of the process that ran it by then."""
+    rows = [{"stage": stage, **t} for stage, t in timings.items()]
     total = sum(t.get("seconds") or 0.0 for t in timings.values())
-    rows.append({"stage": "total", "seconds": total, "status": ""})
-    return format_table(rows)
+    peaks = [t["peak_memory_gib"] for t in timings.values() if t.get("peak_memory_gib")]
+    peak = max(peaks, default=None)
+    rows.append({"stage": "total", "seconds": total, "status": "", "peak_memory_gib": peak})
+    return format_table(rows, ["stage", "seconds", "status", "peak_memory_gib"])
 
 
 def _results_lines(result: Mapping[str, Any], title: str) -> list[str]:
@@ -481,7 +488,7 @@ def write_report(
         "",
     ]
     if timings:
-        lines += ["## Time per stage", "", _timing_table(timings), ""]
+        lines += ["## Time per stage", "", _timing_table(timings), "", TIMING_NOTE, ""]
     path = run_dir / REPORT_FILE
     path.write_text("\n".join(lines), encoding="utf-8")
     logger.info("report written to %s", path)

@@ -10,7 +10,8 @@ measurement). On a CPU they share its cores, and gain nothing.
 Each arm process runs the pipeline's own stage runner (``runners.RUNNERS``) on the pipeline's
 config, saved as JSON in ``arms/``, so an arm trains exactly what the pipeline would have
 trained in-process: same derived config, same seed, same resume from its newest checkpoint.
-``arms/<stage>.log`` holds its log, and ``arms/<stage>.json`` the seconds it took. A failing
+``arms/<stage>.log`` holds its log, and ``arms/<stage>.json`` the seconds it took and its peak
+memory. A failing
 arm stops the pipeline at the wait with its message and the log's path; a pipeline that
 stops, by an error or Ctrl-C, stops the arms it started (their checkpoints are kept, and the
 next start resumes them).
@@ -32,6 +33,7 @@ from rlhfkit.config import load_config
 from rlhfkit.errors import RunError, UsageError
 from rlhfkit.pipeline.config import PipelineConfig, stage_configs
 from rlhfkit.pipeline.runners import RUNNERS
+from rlhfkit.runtime.allocator import peak_resident_gib
 from rlhfkit.tracking import hide_library_progress_bars
 
 logger = logging.getLogger(__name__)
@@ -92,10 +94,11 @@ class Arms:
                 f"with exit code {code}: {_last_error(arm.log)}; its whole log: {arm.log}"
             )
 
-    def seconds(self, stage: str) -> float | None:
-        """The seconds ``stage``'s process spent on its stage, as it measured them."""
+    def measured(self, stage: str) -> dict | None:
+        """The seconds ``stage``'s process spent on its stage and its peak memory, as it
+        measured them."""
         path = self.dir / f"{stage}.json"
-        return ckpt.read_json(path)["seconds"] if path.is_file() else None
+        return ckpt.read_json(path) if path.is_file() else None
 
     def stop(self) -> None:
         """Stop every arm still running (the pipeline stopped before waiting for them)."""
@@ -139,7 +142,8 @@ def run_arm(config_path: str, stage: str) -> int:
         logger.error("%s", str(error).strip() or type(error).__name__)
         logger.info("where it failed:", exc_info=True)
         return 1
-    ckpt.write_json({"seconds": seconds}, config.run_dir / ARMS_DIR / f"{stage}.json")
+    measured = {"seconds": seconds, "peak_memory_gib": peak_resident_gib()}
+    ckpt.write_json(measured, config.run_dir / ARMS_DIR / f"{stage}.json")
     logger.info("%s: done in %.1f s", stage, seconds)
     return 0
 

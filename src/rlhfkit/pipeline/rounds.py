@@ -67,8 +67,9 @@ class Step:
     name: str
     done: Callable[[], bool]
     run: Callable[[], Any]
-    seconds: Callable[[], float | None] | None = None
-    """The stage's own time, where ``run()`` only waits for a process that trained it."""
+    measured: Callable[[], dict | None] | None = None
+    """The stage's own seconds and peak memory, where ``run()`` only waits for a process that
+    trained it (``arms.py``)."""
 
 
 @dataclass

@@ -56,6 +56,7 @@ from rlhfkit.pipeline.rounds import (
     round_steps,
     round_summaries,
 )
+from rlhfkit.runtime.allocator import peak_resident_gib
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def pipeline_steps(
             name,
             lambda: not arms.is_running(name) and done(),
             functools.partial(arms.join, name),
-            functools.partial(arms.seconds, name),
+            functools.partial(arms.measured, name),
         )
 
     rounds = round_steps(config, stages, plan) if plan is not None else []
@@ -166,16 +167,18 @@ def _run_step(step: Step, title: str, timings: dict) -> LabelsPending | None:
     logger.info("%s: starting", title)
     stage_started = time.perf_counter()
     pending = step.run()
-    seconds = time.perf_counter() - stage_started
-    own = step.seconds() if step.seconds is not None else None
-    if own is not None:
-        seconds = own
     status = "waiting for labels" if isinstance(pending, LabelsPending) else "done"
-    timings[step.name] = {"seconds": seconds, "status": status}
+    entry = {
+        "seconds": time.perf_counter() - stage_started,
+        "status": status,
+        "peak_memory_gib": peak_resident_gib(),  # of this process so far
+    }
+    entry.update((step.measured() if step.measured is not None else None) or {})
+    timings[step.name] = entry
     if isinstance(pending, LabelsPending):
         logger.info("%s: %s", title, pending.message())
         return pending
-    logger.info("%s: done in %.1f s", title, seconds)
+    logger.info("%s: done in %.1f s", title, entry["seconds"])
     return None
 
 

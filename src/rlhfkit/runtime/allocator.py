@@ -104,3 +104,14 @@ def _glibc(user_settings: tuple[str, ...]) -> ctypes.CDLL | None:
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     libc.mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     return libc
+
+
+def peak_resident_gib() -> float | None:
+    """This process's peak resident memory so far, in GiB (the kernel's high-water mark);
+    None where the platform does not tell (no ``resource`` module)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; bytes on macOS
+    return peak / (2**30 if platform.system() == "Darwin" else 2**20)
