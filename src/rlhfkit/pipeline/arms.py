@@ -2,19 +2,18 @@
 
 DPO and the GRPO arm need nothing but the SFT model (and DPO the comparisons), so they can
 train while the reward model and PPO do. With ``parallel_arms`` each starts in a process of
-its own once ``sft/final`` is saved, and the pipeline waits for both after PPO. A small model leaves
-one GPU mostly idle: its steps are bound by the launches of many small kernels, so two or
-three such processes share the device at little cost to each (docs/instructions.md has the
-measurement). On a CPU they share its cores, and gain nothing.
+its own once ``sft/final`` is saved, and the pipeline waits for both after PPO. A small model
+leaves one GPU mostly idle: its steps are bound by the launches of many small kernels, so
+processes side by side each lose far less speed than the overlap saves (docs/instructions.md
+has the measurement). On a CPU they share its cores, and gain nothing.
 
 Each arm process runs the pipeline's own stage runner (``runners.RUNNERS``) on the pipeline's
 config, saved as JSON in ``arms/``, so an arm trains exactly what the pipeline would have
 trained in-process: same derived config, same seed, same resume from its newest checkpoint.
 ``arms/<stage>.log`` holds its log, and ``arms/<stage>.json`` the seconds it took and its peak
-memory. A failing
-arm stops the pipeline at the wait with its message and the log's path; a pipeline that
-stops, by an error or Ctrl-C, stops the arms it started (their checkpoints are kept, and the
-next start resumes them).
+memory. A failing arm stops the pipeline at the wait with its message and the log's path; a
+pipeline that stops, by an error or Ctrl-C, stops the arms it started (their checkpoints are
+kept, and the next start resumes them).
 """
 
 from __future__ import annotations
@@ -51,8 +50,8 @@ class _Arm:
 
 
 class Arms:
-    """The arm processes of one pipeline run: started after SFT, waited for before the
-    evaluation, stopped when the pipeline stops first."""
+    """The arm processes of one pipeline run: started after SFT, waited for after PPO,
+    stopped when the pipeline stops first."""
 
     def __init__(self, config: PipelineConfig) -> None:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:

@@ -60,9 +60,10 @@ class PipelineConfig:
     parallel_arms: bool = False
     """Train DPO and the GRPO arm, which need only the SFT model, each in a process of its own
     beside the reward model and PPO, from the moment the SFT model is saved; the pipeline
-    waits for them after PPO (before any round >= 2). For one GPU and a small model, whose stages leave the device mostly idle
-    (docs/instructions.md); on a CPU they share its cores. Logs: `arms/<stage>.log` of the
-    run. Not under a launcher of several processes (torchrun, accelerate launch)."""
+    waits for them after PPO (before any round >= 2). For one GPU and a small model, whose
+    stages leave the device mostly idle (docs/instructions.md); on a CPU they share its
+    cores. Logs: `arms/<stage>.log` of the run. Not under a launcher of several processes
+    (torchrun, accelerate launch)."""
     rounds: int = 1
     """Rounds of InstructGPT's loop of steps 2 and 3 (docs/iterated_rlhf.md): after the PPO
     of round r, K responses per prompt are sampled from its policy on new prompts, labelled,
