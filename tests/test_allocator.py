@@ -167,3 +167,55 @@ def test_peak_resident_memory_counts_a_large_tensor():
     del block
     assert before > 0 and after - before >= 0.2  # no more than the process already peaked at
     assert allocator.peak_resident_gib() == after  # a high-water mark: freeing does not lower it
+
+
+# A stage that allocates 512 MiB in blocks of 4 MiB (below the raised mmap threshold, so they
+# come from malloc's heap, as a trainer's activations do) and frees them, run in a fresh
+# process either alone ("alone": the process keeps what it freed) or as a pipeline step
+# (`pipeline.run._run_step`, which gives it back after the step). Prints the resident MiB
+# before the stage, at its end (blocks freed) and after the step.
+STAGE = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from rlhfkit.pipeline.rounds import Step
+    from rlhfkit.pipeline.run import _run_step
+    from rlhfkit.runtime.allocator import retain_freed_memory
+
+    def resident_mib():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+    assert retain_freed_memory(torch.device("cpu"))
+    held = []
+
+    def stage():
+        blocks = [torch.ones(2**20) for _ in range(128)]
+        del blocks
+        held.append(resident_mib())
+
+    before = resident_mib()
+    if sys.argv[1] == "alone":
+        stage()
+    else:
+        _run_step(Step("stage", lambda: False, stage), "stage", {})
+    print(before, held[0], resident_mib())
+    """
+)
+
+
+def resident_around_a_stage(mode: str) -> tuple[float, float, float]:
+    env = {k: v for k, v in os.environ.items() if k not in allocator.USER_SETTINGS}
+    result = subprocess.run(
+        [sys.executable, "-c", STAGE, mode], capture_output=True, text=True, env=env, check=True
+    )
+    before, held, after = map(float, result.stdout.split()[-3:])
+    return before, held, after
+
+
+@glibc
+def test_a_pipeline_step_gives_back_what_its_stage_freed():
+    before, held, after = resident_around_a_stage("alone")
+    assert held - before > 400 and after - before > 400  # freed, but kept by the process
+    before, held, after = resident_around_a_stage("step")
+    assert held - before > 400  # the stage's blocks are held at its end...
+    assert after - before < 50  # ...and given back once the step is over

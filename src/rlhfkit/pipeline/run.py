@@ -56,7 +56,7 @@ from rlhfkit.pipeline.rounds import (
     round_steps,
     round_summaries,
 )
-from rlhfkit.runtime.allocator import peak_resident_gib
+from rlhfkit.runtime.allocator import peak_resident_gib, release_freed_memory
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +167,7 @@ def _run_step(step: Step, title: str, timings: dict) -> LabelsPending | None:
     logger.info("%s: starting", title)
     stage_started = time.perf_counter()
     pending = step.run()
+    release_freed_memory()  # the next stage's models are not to come on top of these blocks
     status = "waiting for labels" if isinstance(pending, LabelsPending) else "done"
     entry = {
         "seconds": time.perf_counter() - stage_started,
