@@ -37,8 +37,7 @@ each saves and costs: docs/ppo.md, "Peak memory". A user's own
 
 ``release_freed_memory`` gives back what a finished stage held: the pipeline calls it after
 each stage, so that the next one's models do not come on top of the blocks the last one freed
-but kept (on the CPU instructions pipeline the process's peak fell from 15.0 GiB to its
-largest stage's: docs/instructions.md).
+but kept, and the pipeline's peak is about its largest stage's (docs/instructions.md).
 """
 
 from __future__ import annotations
