@@ -36,7 +36,11 @@ def tiny_data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, tiny_data, tiny_model_dir):
-    config = tiny_pipeline_config(tmp_path_factory.mktemp("run"), tiny_data, tiny_model_dir)
+    # The checkpoints are kept so that the rerun test can interrupt PPO after its last one;
+    # test_pipeline_arms runs the default, which deletes them.
+    config = tiny_pipeline_config(
+        tmp_path_factory.mktemp("run"), tiny_data, tiny_model_dir, keep_checkpoints=True
+    )
     return config, run_pipeline(config)
 
 
@@ -45,6 +49,7 @@ def test_every_stage_leaves_a_loadable_model_and_the_report_is_filled(finished):
     run = config.run_dir
     for stage in ("sft", "ppo", "dpo"):
         assert ckpt.is_complete(run / stage)
+        assert ckpt.checkpoint_dirs(run / stage)  # keep_checkpoints
         assert load_causal_lm(run / stage / "final").config.n_layer == 2
     assert RewardModel.from_pretrained(run / "reward" / "final").per_token is False
     assert ValueModel.from_pretrained(run / "ppo" / "final" / "critic").per_token is True

@@ -53,6 +53,9 @@ def test_arms_in_their_own_processes_train_what_the_pipeline_trains(
     run_pipeline(serial)
     run_pipeline(side)
 
+    for run in (serial.run_dir, side.run_dir):  # keep_checkpoints off: finished, then deleted
+        for stage in ("sft", "reward", "ppo", *ARMS):
+            assert ckpt.is_complete(run / stage) and not ckpt.checkpoint_dirs(run / stage)
     for stage in ARMS:
         expected, got = _weights(serial.run_dir, stage), _weights(side.run_dir, stage)
         assert expected.keys() == got.keys()

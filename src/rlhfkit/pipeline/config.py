@@ -64,6 +64,11 @@ class PipelineConfig:
     stages leave the device mostly idle (docs/instructions.md); on a CPU they share its
     cores. Logs: `arms/<stage>.log` of the run. Not under a launcher of several processes
     (torchrun, accelerate launch)."""
+    keep_checkpoints: bool = False
+    """Keep each stage's `checkpoint-<step>/` directories once its `final/` is written. They
+    serve only to resume an interrupted stage (a finished one is skipped), and with full
+    fine-tuning each holds the optimiser's state, twice the model's size: off, the pipeline
+    deletes them as each stage finishes."""
     rounds: int = 1
     """Rounds of InstructGPT's loop of steps 2 and 3 (docs/iterated_rlhf.md): after the PPO
     of round r, K responses per prompt are sampled from its policy on new prompts, labelled,

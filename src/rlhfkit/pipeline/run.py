@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -57,6 +58,7 @@ from rlhfkit.pipeline.rounds import (
     round_summaries,
 )
 from rlhfkit.runtime.allocator import peak_resident_gib, release_freed_memory
+from rlhfkit.runtime.distributed import rank
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +143,8 @@ def run_pipeline(config: PipelineConfig) -> Path | LabelsPending:
         for number, step in enumerate(steps, start=1):
             pending = _run_step(step, f"stage {number}/{len(steps)} {step.name}", timings)
             ckpt.write_json(timings, timings_path)
+            if not config.keep_checkpoints:
+                _delete_finished_checkpoints(stages)
             if isinstance(pending, LabelsPending):
                 return pending
             if arms is not None and step.name == "sft":
@@ -149,6 +153,18 @@ def run_pipeline(config: PipelineConfig) -> Path | LabelsPending:
         if arms is not None:
             arms.stop()  # only those not waited for: the pipeline stopped first
     return _write_report(config, stages, timings, started)
+
+
+def _delete_finished_checkpoints(stages: Stages) -> None:
+    """Delete the checkpoints of every stage whose ``final/`` is complete (``keep_checkpoints``
+    off): a finished stage is skipped, never resumed. An arm still training is not complete."""
+    if rank() != 0:
+        return
+    for stage in _trained(stages):
+        if ckpt.is_complete(stage.output_dir):
+            for old in ckpt.checkpoint_dirs(stage.output_dir):
+                logger.info("%s is finished: deleting %s", stage.output_dir, old.name)
+                shutil.rmtree(old)
 
 
 def _start_arms(arms: Arms, stages: Stages) -> None:
