@@ -34,6 +34,7 @@ from rlhfkit.tasks.instructions import (
 )
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_instruction_prompts.py"
+COVERAGE_SCRIPT = SCRIPT.with_name("constraint_coverage.py")
 CHAT = (
     "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face\nuser\n"
     "{}\nassistant\n"
@@ -467,3 +468,24 @@ def test_k8_data_shares_prompts_and_demonstrations_and_compares_8_samples_a_prom
         assert {len(r["responses"]) for r in rankings} == {8}
         pairs = load_records(k8 / "comparisons", "comparisons", split=split)
         assert len(pairs) == stats["data"][split]["comparisons"]
+
+
+def test_coverage_counts_samples_and_prompts_that_meet_each_kind():
+    spec = importlib.util.spec_from_file_location("constraint_coverage", COVERAGE_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    lowercase = "Describe a rainy morning. Write your entire answer in lowercase letters."
+    records = [  # one sample of four meets it, on one prompt of two
+        {
+            "prompt": lowercase,
+            "responses": ["rain falls on the quiet morning.", "Rain falls here."],
+        },
+        {"prompt": lowercase, "responses": ["A grey rainy morning.", "Rain on a morning walk."]},
+    ]
+    assert tasks.instructions.parse_constraints(lowercase)[0].kind == "lowercase"
+    rows = script.coverage(records)
+    assert rows == [
+        {"kind": "lowercase", "samples": 4, "met": 0.25, "prompts": 2, "met_by_one_of_k": 0.5}
+    ]
+    table = script.markdown(rows)
+    assert table.splitlines()[-1] == "| lowercase | 4 | 0.250 | 2 | 0.500 |"
