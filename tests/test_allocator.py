@@ -219,3 +219,12 @@ def test_a_pipeline_step_gives_back_what_its_stage_freed():
     before, held, after = resident_around_a_stage("step")
     assert held - before > 400  # the stage's blocks are held at its end...
     assert after - before < 50  # ...and given back once the step is over
+
+
+@pytest.mark.cuda
+def test_releasing_freed_memory_empties_the_cuda_cache():
+    block = torch.ones(2**26, device="cuda")  # 256 MiB
+    del block
+    assert torch.cuda.memory_reserved() >= 2**28  # freed, but cached by PyTorch's allocator
+    allocator.release_freed_memory()
+    assert torch.cuda.memory_reserved() < 2**28
