@@ -35,6 +35,7 @@ from rlhfkit.tasks.instructions import (
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_instruction_prompts.py"
 COVERAGE_SCRIPT = SCRIPT.with_name("constraint_coverage.py")
+LETTER_CASE_SCRIPT = SCRIPT.with_name("make_letter_case_demonstrations.py")
 CHAT = (
     "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face\nuser\n"
     "{}\nassistant\n"
@@ -489,3 +490,29 @@ def test_coverage_counts_samples_and_prompts_that_meet_each_kind():
     ]
     table = script.markdown(rows)
     assert table.splitlines()[-1] == "| lowercase | 4 | 0.250 | 2 | 0.500 |"
+
+
+def test_letter_case_demonstrations_are_corrected_as_a_labeller_would():
+    spec = importlib.util.spec_from_file_location("letter_case", LETTER_CASE_SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    lower = "Describe a rainy morning. Write your entire answer in lowercase letters."
+    upper = "Describe a rainy morning in under 12 words. Use only uppercase letters."
+    plain = "Describe a rainy morning in under 12 words."
+    answer = "Rain taps on the window of a grey morning."
+    assert script.in_asked_case(lower, answer) == answer.lower()
+    assert script.in_asked_case(upper, answer) == answer.upper()
+    assert script.in_asked_case(plain, answer) == answer
+    demo = {"prompt": upper, "response": answer, "gold": 0.5}  # the word limit met, not the case
+    assert script.corrected(demo) == {"prompt": upper, "response": answer.upper(), "gold": 1.0}
+    assert script.corrected({**demo, "prompt": plain}) == {**demo, "prompt": plain}
+
+    rankings = [
+        {"prompt": lower, "responses": ["ok.", answer]},  # the best, once lowercased: 1.0
+        {"prompt": upper, "responses": [answer + " " + answer]},  # too long: 0.5 in capitals
+        {"prompt": plain, "responses": [answer]},  # no letter case asked: not a candidate
+    ]
+    assert len(script.letter_case_candidates(rankings, min_gold=0.5)) == 2
+    assert script.letter_case_candidates(rankings, min_gold=1.0) == [
+        {"prompt": lower, "response": answer.lower(), "gold": 1.0}
+    ]

@@ -1,0 +1,111 @@
+"""SFT demonstrations of the instructions task with letter-case answers corrected, as a
+labeller would correct them, for the two kinds the starting model never meets on its own.
+
+"All lowercase" and "all capitals" are met by 0.4% and 0.1% of SmolLM2-135M-Instruct's samples
+(``scripts/constraint_coverage.py``), so the rejection-sampled demonstrations of
+``make_instruction_data.py`` hold none, and GRPO, whose groups never contain one, cannot learn
+them. Here, without any model:
+
+- every demonstration of ``--data`` whose prompt asks for a letter case gets its response
+  lowercased or capitalised (``str.lower`` / ``str.upper``) and its gold score recomputed;
+- from the rankings of ``--rankings`` (K samples of each compared prompt, prompts no
+  demonstration has), each prompt that asks for a letter case gives the best of its K
+  samples once corrected, kept when it then scores at least ``--min-gold``; ``--count`` of
+  those, drawn at random, join the training demonstrations, and the whole set is shuffled.
+
+The output folder holds ``sft/{train,test}.jsonl`` and ``stats.json``; train on it with a
+stage's ``train_data`` (docs/instructions.md, "Where GRPO's curve flattens"). Usage::
+
+    python scripts/make_letter_case_demonstrations.py --out runs/letter_case
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from rlhfkit.labelling.export import write_jsonl
+from rlhfkit.tasks import INSTRUCTIONS_DATA_DIR
+from rlhfkit.tasks.instructions import constraint_results, instruction_score
+
+CASES = {"lowercase": str.lower, "uppercase": str.upper}
+
+
+def in_asked_case(prompt: str, response: str) -> str:
+    """``response`` in the letter case ``prompt`` asks for, unchanged if it asks for none."""
+    for kind in constraint_results(prompt, response):
+        if kind in CASES:
+            response = CASES[kind](response)
+    return response
+
+
+def corrected(demonstration: dict) -> dict:
+    """A demonstration in its prompt's letter case, its gold score recomputed if it changed."""
+    prompt, response = demonstration["prompt"], demonstration["response"]
+    fixed = in_asked_case(prompt, response)
+    if fixed == response:
+        return demonstration
+    return {**demonstration, "response": fixed, "gold": instruction_score(prompt, fixed)}
+
+
+def letter_case_candidates(rankings: list[dict], min_gold: float) -> list[dict]:
+    """For each ranked prompt that asks for a letter case, its best sample once corrected,
+    where that scores at least ``min_gold``."""
+    found = []
+    for record in rankings:
+        prompt = record["prompt"]
+        if not CASES.keys() & constraint_results(prompt, record["responses"][0]).keys():
+            continue
+        fixed = [in_asked_case(prompt, response) for response in record["responses"]]
+        golds = [instruction_score(prompt, response) for response in fixed]
+        best = max(range(len(fixed)), key=golds.__getitem__)
+        if golds[best] >= min_gold:
+            found.append({"prompt": prompt, "response": fixed[best], "gold": golds[best]})
+    return found
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=INSTRUCTIONS_DATA_DIR)
+    parser.add_argument(
+        "--rankings",
+        type=Path,
+        default=INSTRUCTIONS_DATA_DIR.with_name("instructions_k8") / "rankings" / "train.jsonl",
+    )
+    parser.add_argument("--count", type=int, default=150, help="demonstrations to add")
+    parser.add_argument("--min-gold", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if args.out.exists():
+        raise SystemExit(f"--out {args.out}: exists; give a new folder")
+
+    candidates = letter_case_candidates(read_jsonl(args.rankings), args.min_gold)
+    random.Random(args.seed).shuffle(candidates)
+    added = candidates[: args.count]
+    train = [corrected(d) for d in read_jsonl(args.data / "sft" / "train.jsonl")] + added
+    random.Random(args.seed + 1).shuffle(train)
+    test = [corrected(d) for d in read_jsonl(args.data / "sft" / "test.jsonl")]
+    write_jsonl(train, args.out / "sft" / "train.jsonl")
+    write_jsonl(test, args.out / "sft" / "test.jsonl")
+    stats = {
+        "from": {"demonstrations": str(args.data / "sft"), "rankings": str(args.rankings)},
+        "candidates": len(candidates),
+        "added": len(added),
+        "train": len(train),
+        "test": len(test),
+        "seed": args.seed,
+        "min_gold": args.min_gold,
+    }
+    (args.out / "stats.json").write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(stats, indent=2))
+
+
+if __name__ == "__main__":
+    main()
