@@ -28,16 +28,20 @@ from pathlib import Path
 
 from rlhfkit.labelling.export import write_jsonl
 from rlhfkit.tasks import INSTRUCTIONS_DATA_DIR
-from rlhfkit.tasks.instructions import constraint_results, instruction_score
+from rlhfkit.tasks.instructions import instruction_score, parse_constraints
 
 CASES = {"lowercase": str.lower, "uppercase": str.upper}
 
 
+def asked_cases(prompt: str) -> list[str]:
+    """The letter-case kinds ``prompt`` asks for (none, or one)."""
+    return [c.kind for c in parse_constraints(prompt) if c.kind in CASES]
+
+
 def in_asked_case(prompt: str, response: str) -> str:
     """``response`` in the letter case ``prompt`` asks for, unchanged if it asks for none."""
-    for kind in constraint_results(prompt, response):
-        if kind in CASES:
-            response = CASES[kind](response)
+    for kind in asked_cases(prompt):
+        response = CASES[kind](response)
     return response
 
 
@@ -56,7 +60,7 @@ def letter_case_candidates(rankings: list[dict], min_gold: float) -> list[dict]:
     found = []
     for record in rankings:
         prompt = record["prompt"]
-        if not CASES.keys() & constraint_results(prompt, record["responses"][0]).keys():
+        if not asked_cases(prompt):
             continue
         fixed = [in_asked_case(prompt, response) for response in record["responses"]]
         golds = [instruction_score(prompt, response) for response in fixed]

@@ -42,12 +42,17 @@ CHAT = (
 )
 
 
-@pytest.fixture(scope="module")
-def generator():
-    spec = importlib.util.spec_from_file_location("make_instruction_prompts", SCRIPT)
+def load_script(path: Path):
+    """A script of scripts/ as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return load_script(SCRIPT)
 
 
 # ------------------------------------------------------------------------------ the checks
@@ -404,9 +409,7 @@ def _tiny_data(root: Path) -> Path:
 def test_resampled_comparisons_are_a_copy_with_k_new_responses_per_prompt(
     tiny_model_dir, tmp_path, monkeypatch
 ):
-    spec = importlib.util.spec_from_file_location("make_instruction_data", DATA_SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(DATA_SCRIPT)
     # A gold judge with ties and differences among the tiny model's samples: the length mod 3.
     monkeypatch.setattr(script, "GOLD", lambda prompts, responses: [len(r) % 3 for r in responses])
     data, out = _tiny_data(tmp_path / "data"), tmp_path / "k3"
@@ -472,9 +475,7 @@ def test_k8_data_shares_prompts_and_demonstrations_and_compares_8_samples_a_prom
 
 
 def test_coverage_counts_samples_and_prompts_that_meet_each_kind():
-    spec = importlib.util.spec_from_file_location("constraint_coverage", COVERAGE_SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(COVERAGE_SCRIPT)
     lowercase = "Describe a rainy morning. Write your entire answer in lowercase letters."
     records = [  # one sample of four meets it, on one prompt of two
         {
@@ -493,9 +494,7 @@ def test_coverage_counts_samples_and_prompts_that_meet_each_kind():
 
 
 def test_letter_case_demonstrations_are_corrected_as_a_labeller_would():
-    spec = importlib.util.spec_from_file_location("letter_case", LETTER_CASE_SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(LETTER_CASE_SCRIPT)
     lower = "Describe a rainy morning. Write your entire answer in lowercase letters."
     upper = "Describe a rainy morning in under 12 words. Use only uppercase letters."
     plain = "Describe a rainy morning in under 12 words."
