@@ -56,11 +56,14 @@ def char_reward_dir(tmp_path_factory):
     return path
 
 
-def _score_input(tokenizer, prompts: list[str], responses: list[str]) -> ScoreInput:
-    """A batch as a rollout makes it: left-padded prompt ids, response ids ending with EOS."""
+def _score_input(
+    tokenizer, prompts: list[str], responses: list[str], ended: bool = True
+) -> ScoreInput:
+    """A batch as a rollout makes it: left-padded prompt ids, response ids ending with EOS
+    (``ended``) or cut short without it."""
     query, query_mask = pad([tokenizer(p)["input_ids"] for p in prompts], 1, side="left")
-    eos = tokenizer.eos_token_id
-    response, response_mask = pad([tokenizer(r)["input_ids"] + [eos] for r in responses], 1)
+    end = [tokenizer.eos_token_id] if ended else []
+    response, response_mask = pad([tokenizer(r)["input_ids"] + end for r in responses], 1)
     return ScoreInput.from_ids(tokenizer, query, query_mask, response, response_mask)
 
 
@@ -71,10 +74,11 @@ RESPONSES = [" It is a good ball.", " We see it!", " The robot reads a new book 
 def test_text_path_equals_token_path_with_the_same_tokenizer(tiny_model_dir, tiny_tokenizer):
     rm = RewardModel.from_pretrained(tiny_model_dir).eval()
     torch.nn.init.normal_(rm.score.weight, generator=torch.Generator().manual_seed(0))
-    batch = _score_input(tiny_tokenizer, PROMPTS, RESPONSES)
-    ids = RewardModelScorer(rm)(batch)
-    texts = RewardModelScorer(rm, tokenizer=tiny_tokenizer)(batch)  # forced: decode, re-encode
-    torch.testing.assert_close(texts, ids, atol=1e-5, rtol=0)
+    for ended in (True, False):  # a response cut short is read at an EOS on both paths
+        batch = _score_input(tiny_tokenizer, PROMPTS, RESPONSES, ended)
+        ids = RewardModelScorer(rm)(batch)
+        texts = RewardModelScorer(rm, tokenizer=tiny_tokenizer)(batch)  # decode, re-encode
+        torch.testing.assert_close(texts, ids, atol=1e-5, rtol=0)
     assert same_tokenizer(tiny_tokenizer, tiny_tokenizer)
     assert not same_tokenizer(tiny_tokenizer, char_tokenizer())
 

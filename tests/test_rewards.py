@@ -1,5 +1,6 @@
 """Scorers, score processing, per-token reward shaping and KL controllers, by hand."""
 
+import copy
 import math
 
 import pytest
@@ -23,8 +24,10 @@ from rlhfkit.experience.scorers import (
     ScoreInput,
     WeightedScorer,
     as_scorer,
+    with_final_eos,
 )
 from rlhfkit.models.loading import RewardModel
+from rlhfkit.runtime.packing import enable_packing
 
 PAD = 1
 
@@ -96,6 +99,43 @@ def test_reward_model_scorer_reads_the_last_real_token_whatever_the_padding(tiny
         alone = torch.cat([q, r])[None]
         expected = tiny_reward_model(alone, torch.ones_like(alone))
         assert torch.allclose(scores[i], expected[0], atol=1e-5)
+
+
+def test_with_final_eos_by_hand():
+    """Row 0 ends with EOS (2); row 1 ran out of tokens; row 2 was cut and right-padded."""
+    sequence = torch.tensor([[1, 5, 6, 7, 2, 1], [5, 6, 7, 8, 9, 9], [1, 5, 6, 3, 1, 1]])
+    mask = torch.tensor([[0, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0]])
+    got, got_mask = with_final_eos(sequence, mask, eos_token_id=2)
+    assert got_mask.tolist() == [
+        [0, 1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1, 1],
+        [0, 1, 1, 1, 1, 0, 0],
+    ]
+    real = [row[keep.bool()].tolist() for row, keep in zip(got, got_mask, strict=True)]
+    assert real == [[5, 6, 7, 2], [5, 6, 7, 8, 9, 9, 2], [5, 6, 3, 2]]
+    assert sequence.shape == (3, 6) and mask[1, -1] == 1  # the inputs are left as they were
+    ended = sequence[:1], mask[:1]
+    assert with_final_eos(*ended, eos_token_id=2) == ended  # nothing to add: the same tensors
+
+
+def test_a_response_cut_short_is_scored_at_an_appended_eos(tiny_reward_model):
+    """As the reward model was trained: every response ends with EOS, a cut one too. Padded
+    and packed, each row scores as the row alone with its EOS."""
+    eos = 2
+    query, query_mask = pad([[5, 6], [7], [8, 9, 10]], PAD, side="left")
+    response, response_mask = pad([[11, eos], [12, 13], [14]], PAD)  # rows 1 and 2 cut
+    batch = ScoreInput(["p0", "p1", "p2"], ["a", "b", "c"], query, query_mask, response,
+                       response_mask, eos_token_id=eos)  # fmt: skip
+    alone = [[5, 6, 11, eos], [7, 12, 13, eos], [8, 9, 10, 14, eos]]
+    expected = torch.stack([tiny_reward_model(torch.tensor([x]), torch.ones(1, len(x)))[0]
+                            for x in alone])  # fmt: skip
+    torch.testing.assert_close(RewardModelScorer(tiny_reward_model)(batch), expected)
+    packed = copy.deepcopy(tiny_reward_model)
+    assert enable_packing(packed)
+    torch.testing.assert_close(RewardModelScorer(packed)(batch), expected)
+    batch.eos_token_id = None  # what ends a response unknown: read at the last token, as is
+    at_last = tiny_reward_model(torch.tensor([[7, 12, 13]]), torch.ones(1, 3))[0]
+    torch.testing.assert_close(RewardModelScorer(tiny_reward_model)(batch)[1], at_last)
 
 
 def test_as_scorer_dispatch(tiny_reward_model):

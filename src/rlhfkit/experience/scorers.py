@@ -23,6 +23,7 @@ import torch
 from rlhfkit.data import encode_pairs, pad
 from rlhfkit.data.encode import UNSET_CONTEXT
 from rlhfkit.errors import RunError
+from rlhfkit.ops.masks import last_token_index
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.runtime.packing import PackedRows, packing_enabled
 from rlhfkit.runtime.sharding import shard
@@ -46,6 +47,7 @@ class ScoreInput:
     query_mask: torch.Tensor  # (B, Tq)
     response: torch.Tensor  # (B, Tr) response ids, pad after EOS
     response_mask: torch.Tensor  # (B, Tr) 1 up to and including EOS
+    eos_token_id: int | None = None  # what ends a response; a row without it was cut short
 
     @classmethod
     def from_ids(cls, tokenizer, query, query_mask, response, response_mask) -> ScoreInput:
@@ -57,6 +59,7 @@ class ScoreInput:
             query_mask=query_mask,
             response=response,
             response_mask=response_mask,
+            eos_token_id=tokenizer.eos_token_id,
         )
 
     def describe(self, index: int) -> str:
@@ -173,7 +176,8 @@ class RewardModelScorer(Scorer):
 
     Sharing the policy's tokenizer (``tokenizer=None``), it scores the policy's own ids: the
     sequence keeps the EOS the policy emitted, so the model reads its score at EOS, as it was
-    trained. With a tokenizer of its own (a reward model of another
+    trained; a response cut at the token limit gets one appended (``with_final_eos``), as
+    every response of its training data had. With a tokenizer of its own (a reward model of another
     family: ``scorer_loading.load_reward_scorer`` decides), it scores from the texts: the
     decoded prompt and response, through its chat template as a user and an assistant turn if
     it has one, else concatenated, and its EOS appended, as its training encoded them
@@ -207,6 +211,8 @@ class RewardModelScorer(Scorer):
         if self.tokenizer is None:
             sequence = torch.cat([batch.query, batch.response], dim=1)  # (B, Tq + Tr)
             mask = torch.cat([batch.query_mask, batch.response_mask], dim=1)  # (B, Tq + Tr)
+            if batch.eos_token_id is not None:
+                sequence, mask = with_final_eos(sequence, mask, batch.eos_token_id)
         else:
             sequence, mask = self._encode_texts(batch)  # (B, T) each, right-padded
         if packing_enabled(self.model):  # real tokens only: packing.py
@@ -221,6 +227,32 @@ class RewardModelScorer(Scorer):
         sequence, mask = pad(ids, self.tokenizer.pad_token_id)
         device = next(self.model.parameters(), batch.query).device
         return sequence.to(device), mask.to(device)
+
+
+def with_final_eos(
+    sequence: torch.Tensor, mask: torch.Tensor, eos_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sequence`` and ``mask`` (B, T) with EOS after the last real token of every row that
+    does not end with it, one column wider where any row needs it.
+
+    A reward model learns from responses that all end with EOS (``data.encode_comparisons``
+    appends it, to a response cut at the sampling limit too) and reads its score there. Read
+    at the last token of a response that ran out of tokens instead, the score comes from a
+    position it was never trained at, and is off by an amount the policy can learn to avoid
+    by stopping early. Penalising such responses is a choice of its own
+    (``missing_eos_penalty``).
+    """
+    rows = torch.arange(sequence.shape[0], device=sequence.device)  # (B,)
+    last = last_token_index(mask)  # (B,)
+    cut = sequence[rows, last] != eos_token_id  # (B,) responses without their EOS
+    if not cut.any():
+        return sequence, mask
+    sequence = torch.nn.functional.pad(sequence, (0, 1), value=eos_token_id)  # (B, T + 1)
+    mask = torch.nn.functional.pad(mask, (0, 1))  # (B, T + 1)
+    after = last + 1  # (B,) the first position after each row's real tokens
+    sequence[rows, after] = torch.where(cut, eos_token_id, sequence[rows, after])
+    mask[rows, after] = torch.where(cut, torch.ones_like(last), mask[rows, after]).to(mask.dtype)
+    return sequence, mask
 
 
 def context_length(model: torch.nn.Module, tokenizer) -> int:

@@ -112,6 +112,7 @@ def encode_for_scoring(
         query_mask=query_mask.to(device),
         response=response.to(device),
         response_mask=response_mask.to(device),
+        eos_token_id=tokenizer.eos_token_id,
     )
 
 
