@@ -249,9 +249,9 @@ def with_final_eos(
         return sequence, mask
     sequence = torch.nn.functional.pad(sequence, (0, 1), value=eos_token_id)  # (B, T + 1)
     mask = torch.nn.functional.pad(mask, (0, 1))  # (B, T + 1)
-    after = last + 1  # (B,) the first position after each row's real tokens
-    sequence[rows, after] = torch.where(cut, eos_token_id, sequence[rows, after])
-    mask[rows, after] = torch.where(cut, torch.ones_like(last), mask[rows, after]).to(mask.dtype)
+    rows, after = rows[cut], last[cut] + 1  # the first position after each cut row's tokens
+    sequence[rows, after] = eos_token_id
+    mask[rows, after] = 1
     return sequence, mask
 
 
