@@ -177,8 +177,8 @@ class RewardModelScorer(Scorer):
     Sharing the policy's tokenizer (``tokenizer=None``), it scores the policy's own ids: the
     sequence keeps the EOS the policy emitted, so the model reads its score at EOS, as it was
     trained; a response cut at the token limit gets one appended (``with_final_eos``), as
-    every response of its training data had. With a tokenizer of its own (a reward model of another
-    family: ``scorer_loading.load_reward_scorer`` decides), it scores from the texts: the
+    every response of its training data had. With a tokenizer of its own (a reward model of
+    another family: ``scorer_loading.load_reward_scorer`` decides), it scores from the texts: the
     decoded prompt and response, through its chat template as a user and an assistant turn if
     it has one, else concatenated, and its EOS appended, as its training encoded them
     (``data.encode_pairs``), cut to ``max_length`` tokens (None: its context).
