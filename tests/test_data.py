@@ -19,6 +19,7 @@ from rlhfkit.data import (
     DataError,
     Demonstration,
     PairCollator,
+    PreferenceExample,
     PromptCollator,
     PromptRecord,
     Ranking,
@@ -26,6 +27,7 @@ from rlhfkit.data import (
     encode_comparisons,
     encode_demonstrations,
     encode_prompts,
+    group_by_prompt,
     load_records,
     pad,
     ranked_scores,
@@ -426,6 +428,35 @@ def test_pair_and_ranking_batches_serve_both_losses(tiny_tokenizer):
     assert valid.tolist() == [[True, True, False], [True, True, True]]
     table.sum().backward()  # the layout keeps the gradient path to every row
     assert scores.grad.tolist() == [1.0] * 5
+
+
+def test_a_prompts_comparisons_group_into_one_example_by_hand():
+    a, b, c, d = [1], [2], [3], [4]
+    examples = [
+        PreferenceExample([7], [a, b]),  # prompt 7: a > b
+        PreferenceExample([8], [c, a]),  # prompt 8: another prompt, the same response text
+        PreferenceExample([7], [c, a]),  # prompt 7: c > a
+        PreferenceExample([7], [b, d, a]),  # prompt 7, a ranking: b > d > a
+        PreferenceExample([7], [a, b]),  # a > b again: it counts twice
+    ]
+    grouped = group_by_prompt(examples)
+    assert [g.prompt_ids for g in grouped] == [[7], [8]]
+    assert grouped[0].response_ids == [a, b, c, d]  # each once, in order of first appearance
+    assert grouped[0].pairs == ((0, 1), (2, 0), (1, 3), (1, 0), (3, 0), (0, 1))
+    assert grouped[1].response_ids == [c, a] and grouped[1].pairs == ((0, 1),)
+    assert examples[3].preferences() == [(0, 1), (0, 2), (1, 2)]  # a ranking: every i < j
+
+    batch = PairCollator(pad_id=0)(grouped)
+    # Six rows for eleven responses; every pair points at its two rows by (example, place).
+    assert batch["input_ids"].shape[0] == 6
+    assert batch["pairs"].tolist() == [
+        [0, 0, 1], [0, 2, 0], [0, 1, 3], [0, 1, 0], [0, 3, 0], [0, 0, 1], [1, 0, 1]
+    ]  # fmt: skip
+    table, _ = ranked_scores(batch["input_ids"][:, 1].float(), batch["group"], batch["rank"])
+    group, better, worse = batch["pairs"].unbind(1)
+    assert table[group, better].tolist() == [1, 3, 2, 2, 4, 1, 3]  # the better response's id
+    assert table[group, worse].tolist() == [2, 1, 4, 1, 1, 2, 1]
+    assert "pairs" not in PairCollator(pad_id=0)(examples)  # ungrouped batches stay as they were
 
 
 def test_encoding_arguments_are_checked(tiny_tokenizer):

@@ -213,6 +213,58 @@ def test_rm_learns_k_way_rankings(tiny_model_dir, tiny_tokenizer, tmp_path):
     assert after["ranking_accuracy"] >= 0.9 and after["ranking_exact"] >= 0.8, after
 
 
+def comparisons_of_rankings(n: int, seed: int) -> list[Comparison]:
+    """Every pair of K = 3 marker responses a prompt, as separate comparisons: 3 per prompt,
+    each prompt numbered, so no two are the same."""
+    return [
+        Comparison(f"{r.prompt} ({n})", r.responses[better], r.responses[worse])
+        for n, r in enumerate(rankings(n, seed))
+        for i, better in enumerate(r.ranking)
+        for worse in r.ranking[i + 1 :]
+    ]
+
+
+@pytest.mark.parametrize("options", [{}, {"margin": 0.5, "center_rewards_coef": 0.1}])
+def test_grouped_comparisons_give_the_loss_and_metrics_of_their_pairs(
+    tiny_model_dir, tiny_tokenizer, tmp_path, options
+):
+    examples, _ = encode_comparisons(comparisons_of_rankings(6, seed=8), tiny_tokenizer, 48)
+    results = {}
+    for grouped in (False, True):
+        config = _config(tmp_path / str(grouped), group_by_prompt=grouped, **options)
+        trainer = RewardTrainer(config, _model(tiny_model_dir), tiny_tokenizer, examples, examples)
+        trainer.model.eval()
+        batch = trainer.collate(trainer.train_data)
+        with torch.no_grad():
+            loss, metrics = trainer.compute_loss(batch)
+        results[grouped] = (batch["input_ids"].shape[0], loss, metrics, trainer.run_evaluation())
+    (
+        (rows, loss, metrics, evaluation),
+        (grouped_rows, grouped_loss, grouped_metrics, grouped_eval),
+    ) = (
+        results[False],
+        results[True],
+    )
+    assert (rows, grouped_rows) == (36, 18)  # 18 pairs of 18 responses: each scored once
+    torch.testing.assert_close(grouped_loss, loss, atol=1e-5, rtol=0)
+    for key in ("accuracy", "margin"):
+        assert grouped_metrics[key] == pytest.approx(metrics[key], abs=1e-5)
+        assert grouped_eval[key] == pytest.approx(evaluation[key], abs=1e-5)
+
+
+def test_rm_learns_from_comparisons_grouped_by_prompt(tiny_model_dir, tiny_tokenizer, tmp_path):
+    train, _ = encode_comparisons(comparisons_of_rankings(48, seed=4), tiny_tokenizer, 48)
+    held_out, _ = encode_comparisons(comparisons_of_rankings(24, seed=5), tiny_tokenizer, 48)
+    config = _config(tmp_path, batch_size=6, group_by_prompt=True)
+    trainer = RewardTrainer(config, _model(tiny_model_dir), tiny_tokenizer, train, held_out)
+    assert len(trainer.train_data) == 48  # 144 comparisons, one example per prompt
+    before = trainer.run_evaluation()
+    trainer.train()
+    after = trainer.state.eval_metrics
+    assert before["accuracy"] < 0.8, before
+    assert after["accuracy"] >= 0.9, after
+
+
 def test_rm_with_lora_learns_resumes_exactly_and_writes_a_merged_model(
     tiny_model_dir, tiny_tokenizer, tmp_path
 ):

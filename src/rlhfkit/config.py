@@ -474,6 +474,12 @@ class RewardConfig(DataOptions, LoRAOptions, TrainConfig):
     disable_dropout: bool = True
     """Turn dropout off in the reward model (as TRL's RewardConfig does), so a pair's scores
     are a deterministic function of the weights during training as at scoring time."""
+    group_by_prompt: bool = False
+    """Train and evaluate on each prompt's comparisons as one example, as InstructGPT does
+    with its K-choose-2 pairs: each distinct response is scored once per step, not once per
+    pair it is in (for K responses a prompt about K / 2 times fewer forward passes). Rankings
+    join their prompt's group as their pairs. `batch_size` then counts prompts; the loss stays
+    the mean over the batch's pairs, so each pair weighs the same as without grouping."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

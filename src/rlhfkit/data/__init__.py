@@ -30,7 +30,8 @@ Modules, in the order data flows through them:
 
 - `records`: the record dataclasses, `DataError` and the validation of raw rows by kind.
 - `sources`: files, folders and datasets -> raw rows -> records (`load_records`).
-- `encode`: chat rendering, tokenisation and truncation (`TruncationReport`).
+- `encode`: chat rendering, tokenisation and truncation (`TruncationReport`); a prompt's
+  comparisons grouped into one example (`group_by_prompt`).
 - `collate`: `pad` and the DataLoader collators built on it; `ranked_scores`.
 """
 
@@ -44,6 +45,7 @@ from rlhfkit.data.encode import (
     encode_demonstrations,
     encode_pairs,
     encode_prompts,
+    group_by_prompt,
     load_prompts,
 )
 from rlhfkit.data.records import (
@@ -84,6 +86,7 @@ __all__ = [
     "encode_demonstrations",
     "encode_pairs",
     "encode_prompts",
+    "group_by_prompt",
     "load_prompts",
     "load_records",
     "pad",

@@ -73,6 +73,8 @@ class PairCollator:
     rows [0, N) chosen, [N, 2N) rejected, R = 2N). `group` (R,) and `rank` (R,) say which
     example and place each row is; `ranked_scores` turns row scores into (N, K) for the
     K-way ranking loss. `labels` are -100 on prompt and padding (DPO's response log-probs).
+    A batch with grouped comparisons (`PreferenceExample.pairs`) also holds `pairs` (P, 3):
+    (example, better place, worse place) of every pair of its examples.
     """
 
     pad_id: int
@@ -87,7 +89,7 @@ class PairCollator:
                     rank.append(k)
         input_ids, attention_mask = pad([[*p, *r] for p, r in rows], self.pad_id)  # (R, T)
         labels, _ = pad([[IGNORE_INDEX] * len(p) + r for p, r in rows], IGNORE_INDEX)  # (R, T)
-        return {
+        batch = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "labels": labels,
@@ -95,6 +97,10 @@ class PairCollator:
             "rank": torch.tensor(rank, dtype=torch.long),  # (R,)
             "pair_count": len(examples),
         }
+        if any(e.pairs is not None for e in examples):
+            pairs = [(g, *pair) for g, e in enumerate(examples) for pair in e.preferences()]
+            batch["pairs"] = torch.tensor(pairs, dtype=torch.long).view(-1, 3)  # (P, 3)
+        return batch
 
 
 def ranked_scores(

@@ -78,10 +78,42 @@ class SFTExample:
 
 @dataclass(frozen=True)
 class PreferenceExample:
-    """Prompt ids and K >= 2 response ids (each ending with EOS unless truncated), best first."""
+    """Prompt ids and K >= 2 response ids (each ending with EOS unless truncated): best first,
+    or, with `pairs`, in any order, ordered only by those (better, worse) index pairs (one
+    prompt's comparisons, `group_by_prompt`)."""
 
     prompt_ids: list[int]
     response_ids: list[list[int]]
+    pairs: tuple[tuple[int, int], ...] | None = None
+
+    def preferences(self) -> list[tuple[int, int]]:
+        """(better, worse) indices into `response_ids`: `pairs`, or every i < j of a ranking."""
+        if self.pairs is not None:
+            return list(self.pairs)
+        k = len(self.response_ids)
+        return [(i, j) for i in range(k) for j in range(i + 1, k)]
+
+
+def group_by_prompt(examples: Sequence[PreferenceExample]) -> list[PreferenceExample]:
+    """One example per distinct prompt: each of its distinct responses once, and the (better,
+    worse) pairs of all its comparisons and rankings, in order of first appearance.
+
+    InstructGPT's batching of a prompt's K-choose-2 comparisons (Ouyang et al. 2022, sec.
+    3.5): a reward model then scores each response once per step instead of once per pair it
+    is in, about K / 2 times fewer forward passes for K responses a prompt, and a response
+    gets one gradient step per epoch instead of one per pair. A pair given twice counts twice.
+    """
+    groups: dict[tuple[int, ...], tuple[list[int], dict[tuple[int, ...], int], list]] = {}
+    for example in examples:
+        prompt, places, pairs = groups.setdefault(
+            tuple(example.prompt_ids), (example.prompt_ids, {}, [])
+        )
+        index = [places.setdefault(tuple(r), len(places)) for r in example.response_ids]
+        pairs.extend((index[b], index[w]) for b, w in example.preferences())
+    return [
+        PreferenceExample(prompt, [list(r) for r in places], tuple(pairs))
+        for prompt, places, pairs in groups.values()
+    ]
 
 
 def _check_length(name: str, value: int, minimum: int) -> None:

@@ -11,6 +11,11 @@ table. Loss, by batch content:
   each prompt weighted once (`ops.losses.ranking_loss`; pairs in the same batch count as
   prompts with K = 2). The margin and the log-exp form do not apply there.
 
+With `group_by_prompt` each prompt's comparisons are one example (`data.group_by_prompt`,
+InstructGPT's batching): its distinct responses are scored once, and the pairwise loss runs
+over the (P, 2) [better, worse] scores of its pairs, the mean over the batch's pairs as
+without grouping.
+
 With `center_rewards_coef` > 0 the centring term of Eisenstein et al. 2023
 (`ops.losses.reward_centering`, TRL's `center_rewards_coefficient`) is added with that
 weight. Dropout is off by default (`disable_dropout`), as in TRL's RewardTrainer.
@@ -54,6 +59,7 @@ from rlhfkit.data import (
     SFTExample,
     encode_comparisons,
     encode_demonstrations,
+    group_by_prompt,
     load_records,
     ranked_scores,
 )
@@ -167,18 +173,28 @@ class RewardTrainer(Trainer):
             model = add_lora(model, **config.lora_settings)
         if not portable:  # a bias the standard format cannot carry (reward_format) stays put
             model.score.bias.requires_grad_(False)
+        if config.group_by_prompt:
+            train_examples = _grouped(train_examples, "train")
+            eval_examples = _grouped(eval_examples, "eval")
         super().__init__(config, model, train_examples, self.collate, tokenizer=tokenizer, **kwargs)
         self.eval_examples = eval_examples
         self.normalize_examples = normalize_examples
 
     def score_table(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Best-first (N, K) scores of a `PairCollator` batch and its (N, K) valid mask."""
+        """Best-first (N, K) scores of a `PairCollator` batch and its (N, K) valid mask; for
+        grouped comparisons (`pairs` in the batch) the (P, 2) [better, worse] scores of its
+        pairs instead, which the loss and the metrics read as P pairs."""
         ids, mask = batch["input_ids"], batch["attention_mask"]  # (R, T)
         if packing_enabled(self.model):  # padding_free
             scores = self.model(**PackedRows.from_mask(mask).inputs(ids))  # (R,)
         else:
             scores = self.model(ids, mask)  # (R,)
-        return ranked_scores(scores.float(), batch["group"], batch["rank"])
+        table, valid = ranked_scores(scores.float(), batch["group"], batch["rank"])  # (N, K)
+        if "pairs" not in batch:
+            return table, valid
+        group, better, worse = batch["pairs"].to(table.device).unbind(1)  # (P,) each
+        pairs = torch.stack([table[group, better], table[group, worse]], dim=1)  # (P, 2)
+        return pairs, torch.ones_like(pairs, dtype=torch.bool)
 
     def compute_loss(self, batch: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
         cfg = self.config
@@ -234,6 +250,21 @@ class RewardTrainer(Trainer):
         logger.info("reward normalised: demonstrations' mean score %.4f shifted to 0", mean)
         if self.tracker is not None:
             self.tracker.log({"eval/normalization_shift": -mean.item()}, self.state.step)
+
+
+def _grouped(examples: Sequence[PreferenceExample], name: str) -> list[PreferenceExample]:
+    """`group_by_prompt`, saying how many rows a pass now scores instead of how many."""
+    grouped = group_by_prompt(examples)
+    if examples:
+        logger.info(
+            "group_by_prompt: %d %s examples (%d responses) -> %d prompts (%d responses)",
+            len(examples),
+            name,
+            sum(len(e.response_ids) for e in examples),
+            len(grouped),
+            sum(len(e.response_ids) for e in grouped),
+        )
+    return grouped
 
 
 def load_preferences(
