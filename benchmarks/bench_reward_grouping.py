@@ -5,9 +5,9 @@ element (TRL's way, and rlhfkit's default) or each prompt's comparisons one elem
 
 Workload: the comparisons of the first ``--prompts`` prompts of a data folder's train split
 (default: the instructions task's 8 samples a prompt, ``instructions_k8``), full fine-tuning
-of the SFT model at the CPU pipeline's shapes (``max_length`` 192, bf16 autocast, SDPA,
-``padding_free``): 16 pairs a step, against ``--grouped-batch`` prompts a step grouped.
-Each side runs in a fresh process, ``--runs`` rounds, alternating. Prints per side the pass's
+of the SFT model at the CPU pipeline's shapes (``bench_smollm2.py``'s reward-model settings:
+``max_length`` 192, bf16 autocast, SDPA; and ``padding_free``): 16 pairs a step, against
+``--grouped-batch`` prompts a step grouped. Each side runs in a fresh process, ``--runs`` rounds, alternating. Prints per side the pass's
 training seconds (the steps' own timers summed: loading and tokenising are left out), the
 seconds per 100 comparisons, the steps, the process's peak RSS and the cores other processes
 kept busy meanwhile; then the ratio of the medians. The pass's last training loss is printed
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_smollm2 import FIXED_DATA  # noqa: E402
 from common import MachineLoad, peak_rss_mib, spread  # noqa: E402
 
 from rlhfkit.config import RewardConfig  # noqa: E402
@@ -62,28 +63,18 @@ def one_pass(args, grouped: bool) -> dict:
         data = Path(tmp) / "comparisons.jsonl"
         comparisons = first_prompts(args.data, args.prompts, data)
         load = MachineLoad()
+        settings = {**FIXED_DATA, "batch_size": args.grouped_batch if grouped else 16}
         run_reward(
             RewardConfig(
                 model=args.model,
                 train_data=str(data),
-                eval_data=None,
                 output_dir=str(Path(tmp) / "rm"),
                 num_epochs=1,
-                batch_size=args.grouped_batch if grouped else 16,
                 group_by_prompt=grouped,
-                max_length=192,
                 learning_rate=3e-5,
-                lr_scheduler="constant",
-                log_every=1,
-                mixed_precision="bf16",
-                attn_implementation="sdpa",
                 padding_free=True,
-                report_to=[],
-                resume=False,
-                save_every=0,
-                seed=0,
-                cpu=True,
-            )  # fmt: skip
+                **settings,
+            )
         )
         rows = [r for r in read_jsonl(Path(tmp) / "rm" / "metrics.jsonl") if "train/loss" in r]
         return {

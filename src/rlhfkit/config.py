@@ -477,7 +477,7 @@ class RewardConfig(DataOptions, LoRAOptions, TrainConfig):
     group_by_prompt: bool = False
     """Train and evaluate on each prompt's comparisons as one example, as InstructGPT does
     with its K-choose-2 pairs: each distinct response is scored once per step, not once per
-    pair it is in (for K responses a prompt about K / 2 times fewer forward passes). Rankings
+    pair it is in (with every pair of K responses a prompt, K - 1 times fewer rows). Rankings
     join their prompt's group as their pairs. `batch_size` then counts prompts; the loss stays
     the mean over the batch's pairs, so each pair weighs the same as without grouping."""
 

@@ -100,8 +100,8 @@ def group_by_prompt(examples: Sequence[PreferenceExample]) -> list[PreferenceExa
 
     InstructGPT's batching of a prompt's K-choose-2 comparisons (Ouyang et al. 2022, sec.
     3.5): a reward model then scores each response once per step instead of once per pair it
-    is in, about K / 2 times fewer forward passes for K responses a prompt, and a response
-    gets one gradient step per epoch instead of one per pair. A pair given twice counts twice.
+    is in (with every pair of K responses, K - 1 times fewer rows), and a response gets one
+    gradient step per epoch instead of one per pair. A pair given twice counts twice.
     """
     groups: dict[tuple[int, ...], tuple[list[int], dict[tuple[int, ...], int], list]] = {}
     for example in examples:
