@@ -7,11 +7,11 @@ Workload: the comparisons of the first ``--prompts`` prompts of a data folder's 
 (default: the instructions task's 8 samples a prompt, ``instructions_k8``), full fine-tuning
 of the SFT model at the CPU pipeline's shapes (``bench_smollm2.py``'s reward-model settings:
 ``max_length`` 192, bf16 autocast, SDPA; and ``padding_free``): 16 pairs a step, against
-``--grouped-batch`` prompts a step grouped. Each side runs in a fresh process, ``--runs`` rounds, alternating. Prints per side the pass's
-training seconds (the steps' own timers summed: loading and tokenising are left out), the
-seconds per 100 comparisons, the steps, the process's peak RSS and the cores other processes
-kept busy meanwhile; then the ratio of the medians. The pass's last training loss is printed
-too, to show both trained.
+``--grouped-batch`` prompts a step grouped. Each side runs in a fresh process, ``--runs``
+rounds, alternating. Prints per side the pass's training seconds (the steps' own timers
+summed: loading and tokenising are left out), the seconds per 100 comparisons, the steps,
+the process's peak RSS and the cores other processes kept busy meanwhile; then the ratio of
+the medians. The pass's last training loss is printed too, to show both trained.
 
     make smollm2   # and an SFT model, e.g. the CPU pipeline's
     .venv/bin/python benchmarks/bench_reward_grouping.py \\

@@ -192,7 +192,7 @@ class RewardTrainer(Trainer):
         table, valid = ranked_scores(scores.float(), batch["group"], batch["rank"])  # (N, K)
         if "pairs" not in batch:
             return table, valid
-        group, better, worse = batch["pairs"].to(table.device).unbind(1)  # (P,) each
+        group, better, worse = batch["pairs"].unbind(1)  # (P,) each
         pairs = torch.stack([table[group, better], table[group, worse]], dim=1)  # (P, 2)
         return pairs, torch.ones_like(pairs, dtype=torch.bool)
 
@@ -253,7 +253,7 @@ class RewardTrainer(Trainer):
 
 
 def _grouped(examples: Sequence[PreferenceExample], name: str) -> list[PreferenceExample]:
-    """`group_by_prompt`, saying how many rows a pass now scores instead of how many."""
+    """`group_by_prompt`, logging the responses a pass scores before and after grouping."""
     grouped = group_by_prompt(examples)
     if examples:
         logger.info(
