@@ -18,6 +18,7 @@ from rlhfkit.evaluation.measures import (
     win_rate,
 )
 from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorers import RewardModelScorer
 from rlhfkit.interact.sampling import best_of_n_expected, best_of_n_kl, sample_responses
 from rlhfkit.models.loading import RewardModel
 
@@ -148,6 +149,10 @@ class _LengthReward(torch.nn.Module):
         return attention_mask.sum(1).float()
 
 
+def _length_reward() -> RewardModelScorer:
+    return RewardModelScorer(_LengthReward())
+
+
 def test_reward_model_accuracy_against_labels_and_gold(tiny_tokenizer):
     records = [
         Comparison("The cat", " sees a red ball in the park.", " sees."),  # model right
@@ -160,7 +165,7 @@ def test_reward_model_accuracy_against_labels_and_gold(tiny_tokenizer):
     def gold_fn(prompts, responses):
         return [golds.get(r, float(len(r))) for r in responses]
 
-    result = reward_model_accuracy(_LengthReward(), tiny_tokenizer, records, gold_fn, batch_size=2)
+    result = reward_model_accuracy(_length_reward(), tiny_tokenizer, records, gold_fn, batch_size=2)
     assert result["pairs"] == 3
     assert result["accuracy"] == pytest.approx(2 / 3)
     # record 0 is a gold tie (skipped); in records 1 and 2 the model agrees with gold
@@ -187,14 +192,16 @@ def test_reward_model_accuracy_per_part_of_the_gold_score(tiny_tokenizer):
         return {"short": True} if prompt.startswith("short") else {"long": True, "both": True}
 
     result = reward_model_accuracy(
-        _LengthReward(), tiny_tokenizer, records, gold_fn, breakdown=Breakdown(parts)
+        _length_reward(), tiny_tokenizer, records, gold_fn, breakdown=Breakdown(parts)
     )
     assert result["accuracy_gold"] == pytest.approx(2 / 3)
     by_part = result["by_part"]
     assert list(by_part) == ["both", "long", "short"]
     assert by_part["short"]["gold_pairs"] == 2 and by_part["short"]["accuracy_gold"] == 0.5
     assert by_part["long"]["accuracy_gold"] == 1.0 and by_part["both"]["gold_pairs"] == 1
-    assert "by_part" not in reward_model_accuracy(_LengthReward(), tiny_tokenizer, records, gold_fn)
+    assert "by_part" not in reward_model_accuracy(
+        _length_reward(), tiny_tokenizer, records, gold_fn
+    )
 
 
 def test_evaluate_end_to_end(tmp_path, tiny_model_dir, tiny_model, tiny_tokenizer):

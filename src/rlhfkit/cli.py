@@ -35,6 +35,7 @@ import logging
 import os
 import sys
 import traceback
+import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -270,13 +271,17 @@ def _yaml_keys(path: str) -> list[str]:
 
 
 def _list_fields(config_cls: type) -> set[str]:
-    """The fields of `config_cls` that hold a list (or None)."""
+    """The fields of `config_cls` that hold a list (or None); not those that take one value as
+    well (`reward_model`: a directory, or an ensemble's list of them)."""
     hints = typing.get_type_hints(config_cls)
-    return {
-        name
-        for name, hint in hints.items()
-        if list in (typing.get_origin(hint), *map(typing.get_origin, typing.get_args(hint)))
-    }
+    return {name for name, hint in hints.items() if _holds_lists(hint)}
+
+
+def _holds_lists(hint: Any) -> bool:
+    """Whether every type of ``hint`` but None is a list."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kinds = [a for a in typing.get_args(hint) if a is not type(None)] if union else [hint]
+    return all(typing.get_origin(kind) is list for kind in kinds)
 
 
 def _lists_of_one(args: Sequence[str], list_fields: set[str]) -> list[str]:

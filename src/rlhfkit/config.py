@@ -26,6 +26,7 @@ import torch
 
 from rlhfkit import trl_names
 from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.ops import ENSEMBLE_RULES
 from rlhfkit.tracking import report_to_problem
 
 # The bundled default (rlhfkit/assets), found from the package so any working directory works.
@@ -365,13 +366,49 @@ class EvalPromptOptions:
 
 
 @dataclass
-class RewardOptions:
-    """What scores a response, with the same three fields in every command that scores (ppo,
-    grpo, rloo, bon, chat, sample): a reward model and/or reward functions, summed with weights
-    (``scorer_loading.build_scorer``)."""
+class RewardModelOptions:
+    """The reward model of a command: one directory, or several as an ensemble."""
 
-    reward_model: str | None = None
-    """Reward model directory (from `rlhfkit rm`); None if only reward functions score."""
+    reward_model: str | list[str] | None = None
+    """Reward model directory (from `rlhfkit rm`); a list of directories is an ensemble whose
+    scores `reward_ensemble` combines into one; None: none."""
+    reward_ensemble: Literal["mean", "min", "mean_minus_var"] = "mean"
+    """How an ensemble's scores make one (Coste et al. 2023): their mean; the lowest (worst
+    case); or the mean less `reward_ensemble_coef` times their variance (the members'
+    disagreement, uncertainty-weighted)."""
+    reward_ensemble_coef: float = 1.0
+    """The weight of the members' variance under `reward_ensemble: mean_minus_var`."""
+
+    @property
+    def reward_models(self) -> list[str]:
+        """The reward model directories: none, one, or an ensemble's."""
+        if self.reward_model is None:
+            return []
+        return [self.reward_model] if isinstance(self.reward_model, str) else self.reward_model
+
+    def _check_reward_models(self) -> None:
+        require(
+            self,
+            "reward_model",
+            self.reward_model is None or bool(self.reward_models),
+            "a directory or a list of directories (an ensemble), not an empty list",
+        )
+        rules = ", ".join(ENSEMBLE_RULES)
+        require(self, "reward_ensemble", self.reward_ensemble in ENSEMBLE_RULES, f"one of {rules}")
+        require(
+            self,
+            "reward_ensemble_coef",
+            0 <= self.reward_ensemble_coef < math.inf,
+            "a number >= 0",
+        )
+
+
+@dataclass
+class RewardOptions(RewardModelOptions):
+    """What scores a response, with the same fields in every command that scores (ppo, grpo,
+    rloo, bon, chat, sample): a reward model (or an ensemble) and/or reward functions, summed
+    with weights (``scorer_loading.build_scorer``)."""
+
     reward_functions: list[str] = dataclasses.field(default_factory=list)
     """Reward functions by name: digits, gold, instructions, sentiment (the bundled tasks),
     perplexity (under the policy), perplexity:PATH (under the causal LM at PATH), or
@@ -393,6 +430,7 @@ class RewardOptions:
             self.has_scorer or not required,
             "a directory, unless reward_functions are given",
         )
+        self._check_reward_models()
         n_scorers = (self.reward_model is not None) + len(self.reward_functions)
         require(
             self,

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from rlhfkit.checkpoint import write_json
-from rlhfkit.config import _check_literals, require
+from rlhfkit.config import RewardModelOptions, _check_literals, require
 from rlhfkit.data import encode_prompts, load_records
 from rlhfkit.evaluation.measures import (
     PolicySamples,
@@ -32,8 +32,8 @@ from rlhfkit.evaluation.measures import (
     summarize,
 )
 from rlhfkit.experience.generation import SamplingConfig
-from rlhfkit.experience.scorer_loading import load_reward_scorer
-from rlhfkit.experience.scorers import RewardModelScorer
+from rlhfkit.experience.scorer_loading import load_reward_models
+from rlhfkit.experience.scorers import EnsembleScorer, RewardModelScorer
 from rlhfkit.models.loading import (
     check_model_source,
     freeze,
@@ -50,15 +50,16 @@ EVAL_FILE = "eval.json"
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(RewardModelOptions):
     """What to evaluate, on which prompts, and how to sample."""
 
     models: dict[str, str] = field(default_factory=dict)
     """Rows of the table: name -> causal LM directory (e.g. base, sft, ppo, dpo)."""
     reference: str = "runs/sft/final"
     """The SFT model: reference of the KL, baseline of the win rates, sampler of best-of-n."""
-    reward_model: str | None = "runs/rm/final"
-    """Reward model directory (the proxy score); None skips reward and best-of-n."""
+    reward_model: str | list[str] | None = "runs/rm/final"
+    """Reward model directory (the proxy score), or several as an ensemble (`reward_ensemble`);
+    None skips reward and best-of-n."""
     task: str | None = "sentiment"
     """Gold judge from ``rlhfkit.tasks.REWARD_FUNCTIONS`` ('sentiment', 'digits',
     'instructions'); None = none."""
@@ -119,6 +120,7 @@ class EvalConfig:
         require(self, "temperature", self.temperature > 0, "a number > 0")
         _check_literals(self)
         require(self, "best_of_n", all(n >= 1 for n in self.best_of_n), "integers >= 1")
+        self._check_reward_models()
 
 
 # --------------------------------------------------------------------------- the command
@@ -135,8 +137,8 @@ def _load_lm(path: str, tokenizer, device: torch.device) -> nn.Module:
 def _check_sources(config: EvalConfig) -> None:
     """Every model to load is there (or could be on the hub), each named by its field."""
     check_model_source(config.reference, "EvalConfig.reference")
-    if config.reward_model is not None:
-        check_model_source(config.reward_model, "EvalConfig.reward_model")
+    for path in config.reward_models:
+        check_model_source(path, "EvalConfig.reward_model")
     for name, path in config.models.items():
         check_model_source(path, f"EvalConfig.models[{name!r}]")
 
@@ -157,7 +159,7 @@ class _Setup:
     tokenizer: Any
     prompts: list[list[int]]
     sampling: SamplingConfig
-    reward_model: RewardModelScorer | None
+    reward_model: RewardModelScorer | EnsembleScorer | None
     reference: nn.Module
     runtime: Runtime
     common: dict[str, Any]  # reward, gold, seed, batch_size, runtime for evaluate_policy
@@ -176,7 +178,9 @@ class _Setup:
         )
         rm = None
         if config.reward_model is not None:
-            rm = load_reward_scorer(config.reward_model, tokenizer).to(device)
+            rm = load_reward_models(
+                config.reward_models, tokenizer, config.reward_ensemble, config.reward_ensemble_coef
+            ).to(device)
         bf16 = config.mixed_precision == "bf16"
         runtime = Runtime.inference(device, bf16)
         runtime.start()
@@ -253,7 +257,7 @@ def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -
         rm = setup.reward_model  # its own tokenizer, if it has one: comparisons are texts
         tokenizer = rm.tokenizer or setup.tokenizer
         accuracy = reward_model_accuracy(
-            rm.model,
+            rm,
             tokenizer,
             comparisons,
             gold_fn,

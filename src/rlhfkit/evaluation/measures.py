@@ -40,13 +40,18 @@ from torch import nn
 
 from rlhfkit.data import PairCollator, encode_comparisons, ranked_scores
 from rlhfkit.experience.generation import SamplingConfig
-from rlhfkit.experience.scorers import FunctionScorer, ScoreInput, Scorer
+from rlhfkit.experience.scorers import (
+    EnsembleScorer,
+    FunctionScorer,
+    RewardModelScorer,
+    ScoreInput,
+    Scorer,
+)
 from rlhfkit.interact.sampling import (
     best_of_n_expected,
     best_of_n_kl,
     sample_responses,
 )
-from rlhfkit.models.loading import model_device
 from rlhfkit.models.lora import reference_mode
 from rlhfkit.models.passes import response_logprobs, sequence_inputs
 from rlhfkit.ops.masks import masked_sum
@@ -266,7 +271,7 @@ def best_of_n_curve(
 # --------------------------------------------------------------------------- reward model
 @torch.no_grad()
 def reward_model_accuracy(
-    model: nn.Module,
+    scorer: RewardModelScorer | EnsembleScorer,
     tokenizer,
     records: Sequence,
     gold_fn=None,
@@ -275,7 +280,8 @@ def reward_model_accuracy(
     batch_size: int = 32,
     breakdown: Breakdown | None = None,
 ) -> dict[str, Any]:
-    """Pairwise accuracy of a reward model on held-out comparisons or rankings (all pairs).
+    """Pairwise accuracy of a reward model (or an ensemble's combined score) on held-out
+    comparisons or rankings (all pairs), in the tokens of ``tokenizer``, the one it reads.
 
     ``accuracy``: share of the labels' (better, worse) pairs that the model orders the same
     way. With ``gold_fn(prompts, responses)``: ``accuracy_gold`` against the gold judge's
@@ -283,16 +289,14 @@ def reward_model_accuracy(
     With a task's ``breakdown`` too, ``by_part``: those counted again for every part (a
     constraint kind) the record's prompt asks for, to see what the reward model has learnt.
     """
-    model.eval()
-    device = model_device(model)
     examples, _ = encode_comparisons(records, tokenizer, max_length)
     collate = PairCollator(tokenizer.pad_token_id)
     counts = _pair_counts()
     by_part: dict[str, dict[str, int]] = {}
     for start in range(0, len(examples), batch_size):
         batch = collate(examples[start : start + batch_size])
-        scores = model(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (R,)
-        table, _ = ranked_scores(scores.float().cpu(), batch["group"], batch["rank"])  # (n, K)
+        scores = scorer.score_ids(batch["input_ids"], batch["attention_mask"])  # (R,)
+        table, _ = ranked_scores(scores.cpu(), batch["group"], batch["rank"])  # (n, K)
         for record, row in zip(records[start : start + batch_size], table.tolist(), strict=True):
             prompt, responses = _prompt_text(record.prompt), record.best_first
             golds = None if gold_fn is None else gold_fn([prompt] * len(responses), responses)

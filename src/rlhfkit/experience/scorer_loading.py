@@ -1,6 +1,6 @@
-"""A scorer from what a user names: a reward-model directory, a ``module:function``, a bundled
-task, perplexity under a causal LM, or a weighted sum of several (``scorers.py`` defines what a
-scorer is; this module finds and loads one).
+"""A scorer from what a user names: a reward-model directory (or several, an ensemble), a
+``module:function``, a bundled task, perplexity under a causal LM, or a weighted sum of several
+(``scorers.py`` defines what a scorer is; this module finds and loads one).
 
 ``module:function`` imports that module and calls that function on every sampled batch: it runs
 the user's own code, by design, with the user's rights. A spec that does not resolve (no colon,
@@ -26,7 +26,13 @@ import torch
 from rlhfkit import tasks
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.perplexity import PerplexityScorer
-from rlhfkit.experience.scorers import FunctionScorer, RewardModelScorer, Scorer, WeightedScorer
+from rlhfkit.experience.scorers import (
+    EnsembleScorer,
+    FunctionScorer,
+    RewardModelScorer,
+    Scorer,
+    WeightedScorer,
+)
 from rlhfkit.models.loading import (
     RewardModel,
     check_model_source,
@@ -80,22 +86,30 @@ def _import(path: str, module_name: str) -> ModuleType:
 
 
 def build_scorer(
-    reward_model: str | None,
+    reward_model: str | Sequence[str] | None,
     reward_functions: Sequence[str] = (),
     weights: Sequence[float] | None = None,
     *,
+    ensemble: str = "mean",
+    ensemble_coef: float = 1.0,
     tokenizer=None,
     model: torch.nn.Module | None = None,
     trust_remote_code: bool = False,
 ) -> Scorer:
-    """A frozen reward model (a directory from ``rlhfkit reward``) and/or reward functions
-    (names, see ``reward_function_scorer``), summed with ``weights`` (in that order; None = all
-    1). ``tokenizer`` and ``model`` as in ``parse_scorer``; ``trust_remote_code`` lets the
-    code a reward model or perplexity model ships run (``load_causal_lm``)."""
+    """A frozen reward model (a directory from ``rlhfkit reward``; several: an ensemble whose
+    scores ``ensemble`` combines, ``EnsembleScorer``) and/or reward functions (names, see
+    ``reward_function_scorer``), summed with ``weights`` (in that order, an ensemble counting
+    as one; None = all 1). ``tokenizer`` and ``model`` as in ``parse_scorer``;
+    ``trust_remote_code`` lets the code a reward model or perplexity model ships run
+    (``load_causal_lm``)."""
     trust = trust_remote_code
     parts: list[Scorer] = []
     if reward_model is not None:
-        parts.append(load_reward_scorer(reward_model, tokenizer, trust_remote_code=trust))
+        parts.append(
+            load_reward_models(
+                reward_model, tokenizer, ensemble, ensemble_coef, trust_remote_code=trust
+            )
+        )
     parts += [
         reward_function_scorer(spec, tokenizer=tokenizer, model=model, trust_remote_code=trust)
         for spec in reward_functions
@@ -192,6 +206,25 @@ def load_reward_model(
         path, tokenizer=tokenizer, trust_remote_code=trust_remote_code
     )
     return freeze(model)
+
+
+def load_reward_models(
+    paths: str | Sequence[str],
+    tokenizer=None,
+    ensemble: str = "mean",
+    ensemble_coef: float = 1.0,
+    *,
+    trust_remote_code: bool = False,
+) -> RewardModelScorer | EnsembleScorer:
+    """One reward model's scorer (``load_reward_scorer``), or several as an ensemble whose
+    scores ``ensemble`` combines (``ops.combine_scores``)."""
+    if isinstance(paths, str):
+        paths = [paths]
+    members = [load_reward_scorer(p, tokenizer, trust_remote_code=trust_remote_code) for p in paths]
+    if len(members) == 1:
+        return members[0]
+    logger.info("reward model ensemble: the %s of %s", ensemble, ", ".join(paths))
+    return EnsembleScorer(members, ensemble, ensemble_coef)
 
 
 def load_reward_scorer(

@@ -2,11 +2,12 @@
 
 A reward model (InstructGPT step 2, scored at the last real token, EOS included as it was in
 training; on the policy's token ids, or on the texts in its own tokens when it comes from
-another model family), any Python callable ``f(prompts, responses) -> list[float]``, or a
-weighted sum of several: all give ``scores`` (B,) through one interface, ``Scorer``. A non-finite score, a
-value that is no number, a raising callable is a ``ScoreError`` that names the sample (index,
-prompt and response); a wrong number of scores names the counts. ``scorer_loading.py``
-turns what a user names into a scorer. How scores become PPO's per-token rewards is
+another model family), an ensemble of reward models (their scores combined by
+``ops.combine_scores``), any Python callable ``f(prompts, responses) -> list[float]``, or a
+weighted sum of several: all give ``scores`` (B,) through one interface, ``Scorer``. A
+non-finite score, a value that is no number, a raising callable is a ``ScoreError`` that names
+the sample (index, prompt and response); a wrong number of scores names the counts.
+``scorer_loading.py`` turns what a user names into a scorer. How scores become PPO's per-token rewards is
 ``rewards.py``.
 """
 
@@ -23,6 +24,8 @@ import torch
 from rlhfkit.data import encode_pairs, pad
 from rlhfkit.data.encode import UNSET_CONTEXT
 from rlhfkit.errors import RunError
+from rlhfkit.models.loading import model_device
+from rlhfkit.ops.ensembles import ENSEMBLE_RULES, combine_scores
 from rlhfkit.ops.masks import last_token_index
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.runtime.packing import PackedRows, packing_enabled
@@ -219,6 +222,14 @@ class RewardModelScorer(Scorer):
             return self.model(**PackedRows.from_mask(mask).inputs(sequence)).float()  # (B,)
         return self.model(sequence, mask).float()  # (B,) at the last real token
 
+    @torch.no_grad()
+    def score_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(R,) scores of right-padded rows already in the tokens it reads (its own, or the
+        policy's), each at its last real token: how held-out comparisons are scored."""
+        self.model.eval()
+        device = model_device(self.model)
+        return self.model(input_ids.to(device), attention_mask.to(device)).float()
+
     def _encode_texts(self, batch: ScoreInput) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's texts in the reward model's own tokens, on the model's device."""
         ids, report = encode_pairs(batch.prompts, batch.responses, self.tokenizer, self.max_length)
@@ -262,6 +273,44 @@ def context_length(model: torch.nn.Module, tokenizer) -> int:
     limits = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
     declared = [n for n in limits if isinstance(n, int) and n < UNSET_CONTEXT]
     return min(declared, default=1024)
+
+
+class EnsembleScorer(Scorer):
+    """Several reward models as one scorer: each scores the batch, ``ops.combine_scores``
+    makes one score of theirs by ``rule`` (the mean, the lowest, or the mean less ``coef``
+    times their variance). Members trained alike (same data and recipe, other seeds or
+    batching) score on about the same scale, which the lowest and the variance need; every
+    reward model ``rlhfkit rm`` writes is centred on its demonstrations."""
+
+    def __init__(self, members: Sequence[RewardModelScorer], rule: str = "mean", coef: float = 1.0):
+        if len(members) < 2:
+            raise ValueError(f"an ensemble needs at least two reward models, got {len(members)}")
+        if rule not in ENSEMBLE_RULES:
+            raise ValueError(f"rule={rule!r}: allowed {', '.join(ENSEMBLE_RULES)}")
+        self.members = list(members)
+        self.rule, self.coef = rule, coef
+        self.name = f"{rule} of {len(self.members)} reward models"
+
+    @property
+    def tokenizer(self):
+        """The tokenizer the members read when they score token ids (None: the policy's)."""
+        return self.members[0].tokenizer
+
+    def models(self) -> list[torch.nn.Module]:
+        return [model for member in self.members for model in member.models()]
+
+    def id_readers(self) -> list[tuple[str, torch.nn.Module]]:
+        return [reader for member in self.members for reader in member.id_readers()]
+
+    def score(self, batch: ScoreInput) -> torch.Tensor:
+        scores = torch.stack([member(batch) for member in self.members])  # (M, B)
+        return combine_scores(scores, self.rule, self.coef)
+
+    @torch.no_grad()
+    def score_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(R,) combined scores of right-padded rows in the members' shared tokens."""
+        scores = [member.score_ids(input_ids, attention_mask) for member in self.members]
+        return combine_scores(torch.stack(scores), self.rule, self.coef)  # (R,)
 
 
 class WeightedScorer(Scorer):

@@ -135,6 +135,8 @@ def _scorer(config: RewardOptions, agent: LMAgent) -> Scorer | None:
         config.reward_model,
         config.reward_functions,
         config.reward_weights,
+        ensemble=config.reward_ensemble,
+        ensemble_coef=config.reward_ensemble_coef,
         tokenizer=agent.tokenizer,
         model=agent.model,
     )

@@ -222,8 +222,9 @@ class BestOfNConfig(RewardOptions, SamplingOptions):
 
     model: str = "runs/sft/final"
     """Causal LM to sample from (name or directory)."""
-    reward_model: str | None = "runs/rm/final"
-    """Reward model directory (from `rlhfkit rm`); None if only reward functions score."""
+    reward_model: str | list[str] | None = "runs/rm/final"
+    """Reward model directory (from `rlhfkit rm`); a list of directories is an ensemble
+    (`reward_ensemble`); None if only reward functions score."""
     n: int = 16
     """Samples per prompt; the best one is kept."""
     prompts: str = f"{DEMO_DATA}/prompts"
@@ -260,6 +261,8 @@ def run_bon(config: BestOfNConfig) -> Path:
         config.reward_model,
         config.reward_functions,
         config.reward_weights,
+        ensemble=config.reward_ensemble,
+        ensemble_coef=config.reward_ensemble_coef,
         tokenizer=tokenizer,
         model=policy,
     ).to(device)

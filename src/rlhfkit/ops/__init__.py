@@ -4,6 +4,7 @@ Every function names its source in its docstring; trainers call these and never 
 """
 
 from rlhfkit.ops.advantages import gae, group_advantages, rloo_advantages
+from rlhfkit.ops.ensembles import ENSEMBLE_RULES, combine_scores
 from rlhfkit.ops.logprobs import (
     check_token_ids,
     entropy_from_logits,
@@ -43,11 +44,13 @@ from rlhfkit.ops.masks import (
 
 __all__ = [
     "DPO_LOSSES",
+    "ENSEMBLE_RULES",
     "IMPORTANCE_LEVELS",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "aggregate_token_loss",
     "check_token_ids",
+    "combine_scores",
     "dpo_loss",
     "entropy_from_logits",
     "gae",

@@ -386,7 +386,7 @@ def measure_reward_models(config: PipelineConfig, rnd: RoundStages) -> None:
     """The previous and the new reward model on this round's held-out comparisons (on its
     training ones when ``round_heldout`` is 0): against the labels and the gold judge."""
     from rlhfkit.evaluation.measures import reward_model_accuracy
-    from rlhfkit.experience.scorer_loading import load_reward_model
+    from rlhfkit.experience.scorer_loading import load_reward_scorer
     from rlhfkit.models.loading import load_tokenizer
 
     labels = rnd.path(LABELS)
@@ -398,9 +398,8 @@ def measure_reward_models(config: PipelineConfig, rnd: RoundStages) -> None:
     tokenizer = load_tokenizer(after)
     result: dict[str, Any] = {"on": on, "file": str(source), "records": len(records)}
     for name, path in (("before", rnd.reward_before), ("after", after)):
-        model = load_reward_model(path, tokenizer)
         accuracy = reward_model_accuracy(
-            model,
+            load_reward_scorer(path, tokenizer),
             tokenizer,
             records,
             gold,

@@ -69,13 +69,15 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
     """Prompts (hence responses) per iteration, over all processes."""
     ppo_epochs: int = 4
     """Passes of the update over each rollout batch."""
-    reward_model: str | None = "runs/rm/final"
-    """Reward model directory (from `rlhfkit reward`); None if only reward functions score."""
+    reward_model: str | list[str] | None = "runs/rm/final"
+    """Reward model directory (from `rlhfkit reward`); a list of directories is an ensemble
+    (`reward_ensemble`); None if only reward functions score."""
     critic: Literal["separate", "value_head"] = "separate"
     """A separate critic model (InstructGPT) or a value head on the policy's trunk."""
     critic_model: str | None = None
-    """Where the separate critic starts; None = the reward model (InstructGPT), else `model`.
-    It reads the policy's tokens: a reward model with another tokenizer needs one of these."""
+    """Where the separate critic starts; None = the reward model (InstructGPT; an ensemble's
+    first), else `model`. It reads the policy's tokens: a reward model with another tokenizer
+    needs one of these."""
     critic_learning_rate: float | None = None
     """Peak learning rate of the separate critic's AdamW (OpenRLHF's critic_learning_rate,
     verl's critic.optim.lr; both use about 10x the policy's); None = `learning_rate`. Logged as
@@ -210,7 +212,7 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
         of its own, such as a reward model of another family (which can still score)."""
         if self.critic != "separate":
             return None
-        start = self.critic_model or self.reward_model or self.model
+        start = self.critic_model or next(iter(self.reward_models), self.model)
         if start == self.model:
             return start
         own = saved_tokenizer(start, trust_remote_code=self.trust_remote_code)

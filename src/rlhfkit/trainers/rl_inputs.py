@@ -40,6 +40,8 @@ def load_rl_scorer(config: Any, tokenizer: Any) -> Scorer:
         config.reward_model,
         config.reward_functions,
         config.reward_weights,
+        ensemble=config.reward_ensemble,
+        ensemble_coef=config.reward_ensemble_coef,
         tokenizer=tokenizer,
         trust_remote_code=config.trust_remote_code,
     )
