@@ -10,6 +10,7 @@ import torch
 
 from rlhfkit.config import ConfigError
 from rlhfkit.data import Comparison
+from rlhfkit.errors import UsageError
 from rlhfkit.evaluation.evaluate import EvalConfig, evaluate
 from rlhfkit.evaluation.measures import reward_model_accuracy
 from rlhfkit.experience.scorer_loading import build_scorer, load_reward_scorer
@@ -75,6 +76,14 @@ def test_an_ensemble_counts_as_one_scorer_beside_reward_functions(members, tiny_
     assert isinstance(scorer, WeightedScorer) and len(scorer.parts) == 2
     digits = build_scorer(None, ["digits"])
     torch.testing.assert_close(scorer(batch), 2.0 * ensemble(batch) + digits(batch))
+
+
+def test_comparisons_need_members_that_read_the_same_tokens(members, tiny_tokenizer):
+    same = [load_reward_scorer(p, tiny_tokenizer) for p in members]
+    assert EnsembleScorer(same).tokenizer is None  # both read the policy's ids
+    own = RewardModelScorer(same[1].model, tokenizer=tiny_tokenizer)
+    with pytest.raises(UsageError, match="the members read different tokens"):
+        EnsembleScorer([same[0], own]).tokenizer  # noqa: B018
 
 
 def test_one_directory_in_a_list_is_that_reward_model(members, tiny_tokenizer):

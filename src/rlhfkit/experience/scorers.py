@@ -23,8 +23,8 @@ import torch
 
 from rlhfkit.data import encode_pairs, pad
 from rlhfkit.data.encode import UNSET_CONTEXT
-from rlhfkit.errors import RunError
-from rlhfkit.models.loading import model_device
+from rlhfkit.errors import RunError, UsageError
+from rlhfkit.models.loading import model_device, same_tokenizer
 from rlhfkit.ops.ensembles import ENSEMBLE_RULES, combine_scores
 from rlhfkit.ops.masks import last_token_index
 from rlhfkit.runtime.machine import Runtime
@@ -293,8 +293,20 @@ class EnsembleScorer(Scorer):
 
     @property
     def tokenizer(self):
-        """The tokenizer the members read when they score token ids (None: the policy's)."""
-        return self.members[0].tokenizer
+        """The tokenizer every member reads when it scores token ids (None: the policy's);
+        scoring ids (``score_ids``) needs them all to read the same."""
+        first = self.members[0].tokenizer
+        for member in self.members[1:]:
+            other = member.tokenizer
+            if (first is None) != (other is None) or not (
+                first is None or same_tokenizer(first, other)
+            ):
+                raise UsageError(
+                    f"{self.name}: the members read different tokens (some have a tokenizer of "
+                    "their own); they score sampled responses together, but held-out "
+                    "comparisons only one by one"
+                )
+        return first
 
     def models(self) -> list[torch.nn.Module]:
         return [model for member in self.members for model in member.models()]
