@@ -29,6 +29,7 @@ SMALL = {
         "max_steps": 2,
         "rollout_batch_size": 4,
         "batch_size": 4,
+        "gradient_accumulation_steps": 1,
         "ppo_epochs": 1,
         "max_new_tokens": 8,
         "max_prompt_length": 64,
@@ -69,7 +70,7 @@ def _config(run_dir: Path, model: Path) -> PipelineConfig:
 @pytest.mark.parametrize(
     "config, data",
     [
-        (CONFIG, INSTRUCTIONS_DATA_DIR),
+        (CONFIG, INSTRUCTIONS_DATA_DIR.with_name("instructions_k8")),
         (GPU_CONFIG, INSTRUCTIONS_DATA_DIR.with_name("instructions_k8")),
     ],
     ids=["cpu", "gpu"],
