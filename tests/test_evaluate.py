@@ -171,6 +171,26 @@ def test_reward_model_accuracy_against_labels_and_gold(tiny_tokenizer):
     # record 0 is a gold tie (skipped); in records 1 and 2 the model agrees with gold
     assert result["accuracy_gold"] == 1.0
     assert result["label_gold_agreement"] == 0.5
+    # its picks (the longer text) have gold 1, 30 and 23 (lengths); the records' means 1, 20
+    # and 15; their best 1, 30 and 23
+    assert result["pick_gold"] == pytest.approx(54 / 3)
+    assert result["mean_gold"] == pytest.approx(36 / 3)
+    assert result["best_gold"] == pytest.approx(54 / 3)
+
+
+def test_the_pick_of_a_ranking_is_its_highest_scored_response(tiny_tokenizer):
+    from rlhfkit.data import Ranking
+
+    # ranked best first by the labels; the length model picks " a b c d" (gold 0.5)
+    record = Ranking("Say", [" a", " a b", " a b c d"], ranking=[1, 0, 2])
+    golds = {" a b": 1.0, " a": 0.0, " a b c d": 0.5}
+
+    def gold_fn(prompts, responses):
+        return [golds[r] for r in responses]
+
+    result = reward_model_accuracy(_length_reward(), tiny_tokenizer, [record], gold_fn)
+    assert result["pick_gold"] == 0.5 and result["best_gold"] == 1.0
+    assert result["mean_gold"] == pytest.approx(0.5)
 
 
 def test_reward_model_accuracy_per_part_of_the_gold_score(tiny_tokenizer):

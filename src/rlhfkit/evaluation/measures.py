@@ -285,13 +285,15 @@ def reward_model_accuracy(
 
     ``accuracy``: share of the labels' (better, worse) pairs that the model orders the same
     way. With ``gold_fn(prompts, responses)``: ``accuracy_gold`` against the gold judge's
-    order and ``label_gold_agreement`` of the labels themselves (pairs the judge ties skipped).
-    With a task's ``breakdown`` too, ``by_part``: those counted again for every part (a
+    order and ``label_gold_agreement`` of the labels themselves (pairs the judge ties skipped),
+    and what the model's pick is worth: ``pick_gold``, the mean gold of the response it scores
+    highest in each record, beside ``mean_gold`` and ``best_gold``, the mean of a record's
+    responses and its best one (on rankings of K samples: best-of-K under it). With a task's ``breakdown`` too, ``by_part``: those counted again for every part (a
     constraint kind) the record's prompt asks for, to see what the reward model has learnt.
     """
     examples, _ = encode_comparisons(records, tokenizer, max_length)
     collate = PairCollator(tokenizer.pad_token_id)
-    counts = _pair_counts()
+    counts = _record_counts()
     by_part: dict[str, dict[str, int]] = {}
     for start in range(0, len(examples), batch_size):
         batch = collate(examples[start : start + batch_size])
@@ -301,33 +303,43 @@ def reward_model_accuracy(
             prompt, responses = _prompt_text(record.prompt), record.best_first
             golds = None if gold_fn is None else gold_fn([prompt] * len(responses), responses)
             scored = row[: len(responses)]
-            _count_pairs(counts, scored, golds)
+            _count_record(counts, scored, golds)
             if breakdown is not None and golds is not None:
                 for part in breakdown.parts(prompt, responses[0]):
-                    _count_pairs(by_part.setdefault(part, _pair_counts()), scored, golds)
+                    _count_record(by_part.setdefault(part, _record_counts()), scored, golds)
     result = _accuracies(counts, gold_fn is not None)
     if by_part:
         result["by_part"] = {p: _accuracies(c, True) for p, c in sorted(by_part.items())}
     return result
 
 
-def _pair_counts() -> dict[str, int]:
-    return {"pairs": 0, "correct": 0, "gold_pairs": 0, "gold_correct": 0, "label_agree": 0}
+def _record_counts() -> dict[str, float]:
+    pairs = {"pairs": 0, "correct": 0, "gold_pairs": 0, "gold_correct": 0, "label_agree": 0}
+    return {**pairs, "records": 0, "pick_gold": 0.0, "mean_gold": 0.0, "best_gold": 0.0}
 
 
-def _accuracies(counts: dict[str, int], gold: bool) -> dict[str, Any]:
-    """The shares ``reward_model_accuracy`` reports, from its counts."""
+def _accuracies(counts: dict[str, float], gold: bool) -> dict[str, Any]:
+    """The shares and means ``reward_model_accuracy`` reports, from its counts."""
     result = {"pairs": counts["pairs"], "accuracy": counts["correct"] / max(counts["pairs"], 1)}
     if gold:
         gold_pairs = max(counts["gold_pairs"], 1)
         result["gold_pairs"] = counts["gold_pairs"]
         result["accuracy_gold"] = counts["gold_correct"] / gold_pairs
         result["label_gold_agreement"] = counts["label_agree"] / gold_pairs
+        records = max(counts["records"], 1)
+        for name in ("pick_gold", "mean_gold", "best_gold"):
+            result[name] = counts[name] / records
     return result
 
 
-def _count_pairs(counts: dict, scores: list[float], golds: list[float] | None) -> None:
-    """Add one record's pairs (i better than j by the labels, i < j) to ``counts``."""
+def _count_record(counts: dict, scores: list[float], golds: list[float] | None) -> None:
+    """Add one record's pairs (i better than j by the labels, i < j) and, with ``golds``, the
+    gold of the model's pick among its responses to ``counts``."""
+    if golds is not None:
+        counts["records"] += 1
+        counts["pick_gold"] += golds[max(range(len(scores)), key=scores.__getitem__)]
+        counts["mean_gold"] += sum(golds) / len(golds)
+        counts["best_gold"] += max(golds)
     for i, j in itertools.combinations(range(len(scores)), 2):
         counts["pairs"] += 1
         counts["correct"] += scores[i] > scores[j]

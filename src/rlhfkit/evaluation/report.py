@@ -204,6 +204,11 @@ def _reward_model_lines(accuracy: Mapping[str, float] | None) -> list[str]:
             f"- the labels themselves agree with the gold order: "
             f"{accuracy['label_gold_agreement']:.3f} (simulated labeller noise)",
         ]
+    if "pick_gold" in accuracy:
+        lines.append(
+            f"- gold of its pick among each record's responses: {accuracy['pick_gold']:.3f} "
+            f"(their mean {accuracy['mean_gold']:.3f}, the best {accuracy['best_gold']:.3f})"
+        )
     if accuracy.get("by_part"):
         rows = [
             {"part": part, "pairs": a["gold_pairs"], "accuracy_gold": a["accuracy_gold"]}
