@@ -224,6 +224,32 @@ def test_reward_model_accuracy_per_part_of_the_gold_score(tiny_tokenizer):
     )
 
 
+def test_evaluate_the_reward_model_alone(tmp_path, tiny_model_dir):
+    """No models and no best-of-n: only the reward model on the held-out rankings."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "The cat"}) + "\n")
+    rankings = tmp_path / "rankings.jsonl"
+    record = {"prompt": "A dog", "responses": [" ran off.", " sat.", " is happy"]}
+    rankings.write_text(json.dumps({**record, "ranking": [2, 0, 1]}) + "\n")
+    rm_dir = tmp_path / "rm"
+    RewardModel.from_pretrained(tiny_model_dir).save_pretrained(rm_dir)
+    config = EvalConfig(
+        models={},
+        reference=str(tiny_model_dir),
+        reward_model=str(rm_dir),
+        prompts=str(prompts),
+        split="train",
+        comparisons=str(rankings),
+        best_of_n=[],
+        max_new_tokens=2,
+        output=str(tmp_path / "eval.json"),
+    )
+    assert evaluate(config) == []
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["reward_model"]["pairs"] == 3 and "pick_gold" in saved["reward_model"]
+    assert saved["samples"] == [] and saved["best_of_n"] == []
+
+
 def test_evaluate_end_to_end(tmp_path, tiny_model_dir, tiny_model, tiny_tokenizer):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS * 2))

@@ -395,9 +395,10 @@ def side_by_side(
 ) -> list[dict]:
     """The first ``count`` prompts with every model's response and scores, for the report.
     ``prompts``: the records' prompts as written (a chat prompt shows its last message); without
-    them a row shows the prompt the model was given, the chat template's text included."""
+    them a row shows the prompt the model was given, the chat template's text included. No
+    models (an evaluation of the reward model alone): no rows."""
     rows = []
-    for i in range(min(count, *(len(s.responses) for s in named.values()))):
+    for i in range(min([count, *(len(s.responses) for s in named.values())]) if named else 0):
         first = next(iter(named.values()))
         responses = {
             name: {
