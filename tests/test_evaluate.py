@@ -3,6 +3,7 @@
 import copy
 import itertools
 import json
+import logging
 import math
 
 import pytest
@@ -224,8 +225,11 @@ def test_reward_model_accuracy_per_part_of_the_gold_score(tiny_tokenizer):
     )
 
 
-def test_evaluate_the_reward_model_alone(tmp_path, tiny_model_dir):
-    """No models and no best-of-n: only the reward model on the held-out rankings."""
+def test_evaluate_the_reward_model_alone(tmp_path, tiny_model_dir, caplog):
+    """No models and no best-of-n: only the reward model on the held-out rankings, which
+    `rlhfkit eval` shows instead of an empty table."""
+    from rlhfkit.pipeline.run import run_eval
+
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "The cat"}) + "\n")
     rankings = tmp_path / "rankings.jsonl"
@@ -244,8 +248,12 @@ def test_evaluate_the_reward_model_alone(tmp_path, tiny_model_dir):
         max_new_tokens=2,
         output=str(tmp_path / "eval.json"),
     )
-    assert evaluate(config) == []
+    with caplog.at_level(logging.INFO, logger="rlhfkit.pipeline.run"):
+        run_eval(config)
+    assert "gold of its pick among each record's responses" in caplog.text
+    assert "results on held-out prompts" not in caplog.text
     saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["rows"] == []
     assert saved["reward_model"]["pairs"] == 3 and "pick_gold" in saved["reward_model"]
     assert saved["samples"] == [] and saved["best_of_n"] == []
 

@@ -191,7 +191,9 @@ def _samples_table(samples: Sequence[Mapping[str, Any]]) -> str:
     return format_table(rows, ["prompt", *models])
 
 
-def _reward_model_lines(accuracy: Mapping[str, float] | None) -> list[str]:
+def reward_model_lines(accuracy: Mapping[str, float] | None, parts: bool = True) -> list[str]:
+    """The reward model's accuracy on held-out comparisons, as markdown bullets, with the
+    table per part of the gold score when ``parts``."""
     if not accuracy:
         return ["No held-out comparisons were given: accuracy not measured."]
     lines = [
@@ -209,7 +211,7 @@ def _reward_model_lines(accuracy: Mapping[str, float] | None) -> list[str]:
             f"- gold of its pick among each record's responses: {accuracy['pick_gold']:.3f} "
             f"(their mean {accuracy['mean_gold']:.3f}, the best {accuracy['best_gold']:.3f})"
         )
-    if accuracy.get("by_part"):
+    if parts and accuracy.get("by_part"):
         rows = [
             {"part": part, "pairs": a["gold_pairs"], "accuracy_gold": a["accuracy_gold"]}
             for part, a in accuracy["by_part"].items()
@@ -284,7 +286,7 @@ def _results_lines(result: Mapping[str, Any], title: str) -> list[str]:
         "",
         "## Reward model",
         "",
-        *_reward_model_lines(result.get("reward_model")),
+        *reward_model_lines(result.get("reward_model")),
         "",
     ]
 

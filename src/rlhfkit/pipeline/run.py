@@ -38,7 +38,13 @@ from pathlib import Path
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import load_config
 from rlhfkit.evaluation.evaluate import EvalConfig, evaluate
-from rlhfkit.evaluation.report import TABLE_COLUMNS, format_table, load_eval, write_report
+from rlhfkit.evaluation.report import (
+    TABLE_COLUMNS,
+    format_table,
+    load_eval,
+    reward_model_lines,
+    write_report,
+)
 from rlhfkit.pipeline import runners
 from rlhfkit.pipeline.arms import Arms
 from rlhfkit.pipeline.config import (
@@ -235,7 +241,13 @@ def run_demo(config: DemoConfig) -> Path:
 
 
 def run_eval(config: EvalConfig) -> Path:
-    """``rlhfkit eval``: evaluate, log the table, return where the results are."""
+    """``rlhfkit eval``: evaluate, log the table and the reward model's accuracy, return where
+    the results are."""
     rows = evaluate(config)
-    logger.info("results on held-out prompts:\n%s", format_table(rows, TABLE_COLUMNS))
+    if rows:
+        logger.info("results on held-out prompts:\n%s", format_table(rows, TABLE_COLUMNS))
+    accuracy = load_eval(config.output).get("reward_model")
+    if accuracy:
+        lines = "\n".join(reward_model_lines(accuracy, parts=False))
+        logger.info("the reward model on held-out comparisons:\n%s", lines)
     return Path(config.output)
