@@ -288,13 +288,14 @@ def reward_model_accuracy(
     order and ``label_gold_agreement`` of the labels themselves (pairs the judge ties skipped),
     and what the model's pick is worth: ``pick_gold``, the mean gold of the response it scores
     highest in each record, beside ``mean_gold`` and ``best_gold``, the mean of a record's
-    responses and its best one (on rankings of K samples: best-of-K under it). With a task's ``breakdown`` too, ``by_part``: those counted again for every part (a
-    constraint kind) the record's prompt asks for, to see what the reward model has learnt.
+    responses and its best one (on rankings of K samples: best-of-K under it). With a task's
+    ``breakdown`` too, ``by_part``: those counted again for every part (a constraint kind) the
+    record's prompt asks for, to see what the reward model has learnt.
     """
     examples, _ = encode_comparisons(records, tokenizer, max_length)
     collate = PairCollator(tokenizer.pad_token_id)
     counts = _record_counts()
-    by_part: dict[str, dict[str, int]] = {}
+    by_part: dict[str, dict[str, float]] = {}
     for start in range(0, len(examples), batch_size):
         batch = collate(examples[start : start + batch_size])
         scores = scorer.score_ids(batch["input_ids"], batch["attention_mask"])  # (R,)

@@ -7,8 +7,8 @@ another model family), an ensemble of reward models (their scores combined by
 weighted sum of several: all give ``scores`` (B,) through one interface, ``Scorer``. A
 non-finite score, a value that is no number, a raising callable is a ``ScoreError`` that names
 the sample (index, prompt and response); a wrong number of scores names the counts.
-``scorer_loading.py`` turns what a user names into a scorer. How scores become PPO's per-token rewards is
-``rewards.py``.
+``scorer_loading.py`` turns what a user names into a scorer. How scores become PPO's per-token
+rewards is ``rewards.py``.
 """
 
 from __future__ import annotations
@@ -296,16 +296,12 @@ class EnsembleScorer(Scorer):
         """The tokenizer every member reads when it scores token ids (None: the policy's);
         scoring ids (``score_ids``) needs them all to read the same."""
         first = self.members[0].tokenizer
-        for member in self.members[1:]:
-            other = member.tokenizer
-            if (first is None) != (other is None) or not (
-                first is None or same_tokenizer(first, other)
-            ):
-                raise UsageError(
-                    f"{self.name}: the members read different tokens (some have a tokenizer of "
-                    "their own); they score sampled responses together, but held-out "
-                    "comparisons only one by one"
-                )
+        if not all(_same_tokens(first, member.tokenizer) for member in self.members[1:]):
+            raise UsageError(
+                f"{self.name}: the members read different tokens (some have a tokenizer of "
+                "their own); they score sampled responses together, but held-out comparisons "
+                "only one by one"
+            )
         return first
 
     def models(self) -> list[torch.nn.Module]:
@@ -323,6 +319,11 @@ class EnsembleScorer(Scorer):
         """(R,) combined scores of right-padded rows in the members' shared tokens."""
         scores = [member.score_ids(input_ids, attention_mask) for member in self.members]
         return combine_scores(torch.stack(scores), self.rule, self.coef)  # (R,)
+
+
+def _same_tokens(a, b) -> bool:
+    """Whether two scorers' tokenizers (None: the policy's) give ids the same meaning."""
+    return a is b or (a is not None and b is not None and same_tokenizer(a, b))
 
 
 class WeightedScorer(Scorer):

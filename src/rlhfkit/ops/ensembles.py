@@ -1,12 +1,11 @@
 """One score per response from the scores of a reward-model ensemble.
 
-Coste et al. 2023, "Reward Model Ensembles Help Mitigate Overoptimization", sec. 3.2: the
-members' mean; worst-case optimisation (WCO), the lowest member's score; and
-uncertainty-weighted optimisation (UWO), the mean less ``coef`` times the members' variance
-(the population variance, over the M members, as in their eq. for UWO). Eisenstein et al.
-2023, "Helping or Herding?", combine by mean and median as well. A policy that exploits one
-member's error gains little from the mean, and loses under WCO and UWO, where the members
-disagree.
+Coste et al. 2023, "Reward Model Ensembles Help Mitigate Overoptimization": the members'
+mean; worst-case optimisation (WCO), the lowest member's score; and uncertainty-weighted
+optimisation (UWO), the mean less ``coef`` times the members' variance (their squared
+deviations from the mean, divided by M). Eisenstein et al. 2023, "Helping or Herding?",
+combine by mean and median as well. A policy that exploits one member's error gains little
+from the mean, and loses under WCO and UWO, where the members disagree.
 """
 
 from __future__ import annotations
