@@ -1,6 +1,7 @@
 """One vocabulary for what scores a response: `reward_model` (a directory) and
 `reward_functions` (names: the bundled tasks, perplexity, module:function) with
-`reward_weights`, read the same way by ppo/grpo (`build_scorer`) and by chat, sample and bon."""
+`reward_weights`, read the same way by ppo/grpo and by chat, sample and bon
+(`scorer_from_options`)."""
 
 import pytest
 import torch
@@ -8,7 +9,11 @@ import torch
 from rlhfkit.config import ConfigError
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.perplexity import PerplexityScorer
-from rlhfkit.experience.scorer_loading import build_scorer, reward_function_scorer
+from rlhfkit.experience.scorer_loading import (
+    build_scorer,
+    reward_function_scorer,
+    scorer_from_options,
+)
 from rlhfkit.experience.scorers import RewardModelScorer, ScoreInput, WeightedScorer
 from rlhfkit.interact.chat import ChatConfig, SampleConfig
 from rlhfkit.interact.sampling import BestOfNConfig
@@ -30,10 +35,22 @@ def _batch(responses: list[str]) -> ScoreInput:
     return ScoreInput(["p"] * len(responses), responses, empty, empty, empty, empty)
 
 
-@pytest.mark.parametrize("config_cls", [PPOConfig, GRPOConfig])
-def test_rl_stages_take_the_bundled_names(config_cls):
-    config = config_cls(reward_model=None, reward_functions=["digits", "gold"])
-    scorer = build_scorer(config.reward_model, config.reward_functions, [1.0, 0.5])  # as trainers
+@pytest.mark.parametrize(
+    "make_config",
+    [
+        PPOConfig,
+        GRPOConfig,
+        BestOfNConfig,
+        lambda **fields: ChatConfig(model="m", **fields),
+        lambda **fields: SampleConfig(model="m", prompt="hi", **fields),
+    ],
+    ids=["ppo", "grpo", "bon", "chat", "sample"],
+)
+def test_every_command_takes_the_bundled_names_and_weights(make_config):
+    config = make_config(
+        reward_model=None, reward_functions=["digits", "gold"], reward_weights=[1.0, 0.5]
+    )
+    scorer = scorer_from_options(config)  # as every command that scores builds it
     assert isinstance(scorer, WeightedScorer) and scorer.name == "1*digits + 0.5*gold"
     texts = ["12 and 7 and 3", "a fine happy day"]
     expected = [digits_score(t) + 0.5 * gold_score(t) for t in texts]

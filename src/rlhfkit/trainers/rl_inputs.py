@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from rlhfkit.data import load_prompts
-from rlhfkit.experience.scorer_loading import build_scorer
+from rlhfkit.experience.scorer_loading import scorer_from_options
 from rlhfkit.experience.scorers import Scorer
 
 
@@ -36,12 +36,6 @@ def load_rl_prompts(config: Any, tokenizer: Any) -> tuple[list[list[int]], list[
 
 def load_rl_scorer(config: Any, tokenizer: Any) -> Scorer:
     """The scorer the config names: its reward model and reward functions, weighted."""
-    return build_scorer(
-        config.reward_model,
-        config.reward_functions,
-        config.reward_weights,
-        ensemble=config.reward_ensemble,
-        ensemble_coef=config.reward_ensemble_coef,
-        tokenizer=tokenizer,
-        trust_remote_code=config.trust_remote_code,
+    return scorer_from_options(
+        config, tokenizer=tokenizer, trust_remote_code=config.trust_remote_code
     )
