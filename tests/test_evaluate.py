@@ -227,7 +227,7 @@ def test_reward_model_accuracy_per_part_of_the_gold_score(tiny_tokenizer):
 
 def test_evaluate_the_reward_model_alone(tmp_path, tiny_model_dir, caplog):
     """No models and no best-of-n: only the reward model on the held-out rankings, which
-    `rlhfkit eval` shows instead of an empty table."""
+    `rlhfkit eval` shows instead of an empty table, and no prompt sampled."""
     from rlhfkit.pipeline.run import run_eval
 
     prompts = tmp_path / "prompts.jsonl"
@@ -248,9 +248,10 @@ def test_evaluate_the_reward_model_alone(tmp_path, tiny_model_dir, caplog):
         max_new_tokens=2,
         output=str(tmp_path / "eval.json"),
     )
-    with caplog.at_level(logging.INFO, logger="rlhfkit.pipeline.run"):
+    with caplog.at_level(logging.INFO):
         run_eval(config)
     assert "gold of its pick among each record's responses" in caplog.text
+    assert "eval: the reference" not in caplog.text  # nothing to sample
     assert "results on held-out prompts" not in caplog.text
     saved = json.loads((tmp_path / "eval.json").read_text())
     assert saved["rows"] == []

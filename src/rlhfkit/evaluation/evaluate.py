@@ -228,29 +228,11 @@ def evaluate(config: EvalConfig) -> list[dict]:
 
 
 def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -> list[dict]:
-    named = _evaluate_models(config, setup)
-    baseline = named.pop(None)
-    parts = pass_rates(named, setup.breakdown) if setup.breakdown is not None else None
-    size = len(setup.prompts)
-    table = [
-        {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": size}
-        for n, s in named.items()
-    ]
-    curve = []
-    if setup.reward_model is not None and config.best_of_n:
-        bon_prompts = setup.prompts[: config.best_of_n_prompts]
-        name = f"best-of-{max(config.best_of_n)}"
-        logger.info("eval: %s of the reference on %d prompts", name, len(bon_prompts))
-        curve, named[name] = best_of_n_curve(
-            setup.reference,
-            setup.tokenizer,
-            bon_prompts,
-            setup.sampling,
-            config.best_of_n,
-            **setup.common,
-        )
-        row = summarize(name, named[name], baseline.first(len(bon_prompts)))
-        table.append({**row, "kl_method": "analytic", "prompts": len(bon_prompts)})
+    sampled = bool(config.models) or _samples_best_of_n(config, setup)
+    named, table, curve = _sampled_rows(config, setup) if sampled else ({}, [], [])
+    parts = None
+    if sampled and setup.breakdown is not None:
+        parts = pass_rates(named, setup.breakdown)
     accuracy = None
     if comparisons is not None:
         gold_fn = None if config.task is None else REWARD_FUNCTIONS[config.task]
@@ -276,3 +258,39 @@ def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -
     write_json(result, config.output)
     logger.info("eval: results in %s", config.output)
     return table
+
+
+def _samples_best_of_n(config: EvalConfig, setup: _Setup) -> bool:
+    """Best-of-n needs a reward model to pick by. With neither models nor best-of-n, an
+    evaluation of the reward model alone samples nothing."""
+    return setup.reward_model is not None and bool(config.best_of_n)
+
+
+def _sampled_rows(
+    config: EvalConfig, setup: _Setup
+) -> tuple[dict[str, PolicySamples], list[dict], list[dict]]:
+    """Every model's samples (and best-of-n's) on the prompts, the results table with KL to
+    the reference, and the best-of-n curve."""
+    named = _evaluate_models(config, setup)
+    baseline = named.pop(None)
+    size = len(setup.prompts)
+    table = [
+        {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": size}
+        for n, s in named.items()
+    ]
+    curve: list[dict] = []
+    if _samples_best_of_n(config, setup):
+        bon_prompts = setup.prompts[: config.best_of_n_prompts]
+        name = f"best-of-{max(config.best_of_n)}"
+        logger.info("eval: %s of the reference on %d prompts", name, len(bon_prompts))
+        curve, named[name] = best_of_n_curve(
+            setup.reference,
+            setup.tokenizer,
+            bon_prompts,
+            setup.sampling,
+            config.best_of_n,
+            **setup.common,
+        )
+        row = summarize(name, named[name], baseline.first(len(bon_prompts)))
+        table.append({**row, "kl_method": "analytic", "prompts": len(bon_prompts)})
+    return named, table, curve
