@@ -1,7 +1,7 @@
 """One vocabulary for what scores a response: `reward_model` (a directory) and
 `reward_functions` (names: the bundled tasks, perplexity, module:function) with
 `reward_weights`, read the same way by ppo/grpo and by chat, sample and bon
-(`scorer_from_options`)."""
+(`RewardOptions.scorer`)."""
 
 import pytest
 import torch
@@ -9,11 +9,7 @@ import torch
 from rlhfkit.config import ConfigError
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.perplexity import PerplexityScorer
-from rlhfkit.experience.scorer_loading import (
-    build_scorer,
-    reward_function_scorer,
-    scorer_from_options,
-)
+from rlhfkit.experience.scorer_loading import build_scorer, reward_function_scorer
 from rlhfkit.experience.scorers import RewardModelScorer, ScoreInput, WeightedScorer
 from rlhfkit.interact.chat import ChatConfig, SampleConfig
 from rlhfkit.interact.sampling import BestOfNConfig
@@ -50,7 +46,7 @@ def test_every_command_takes_the_bundled_names_and_weights(make_config):
     config = make_config(
         reward_model=None, reward_functions=["digits", "gold"], reward_weights=[1.0, 0.5]
     )
-    scorer = scorer_from_options(config)  # as every command that scores builds it
+    scorer = config.scorer()  # as every command that scores builds it
     assert isinstance(scorer, WeightedScorer) and scorer.name == "1*digits + 0.5*gold"
     texts = ["12 and 7 and 3", "a fine happy day"]
     expected = [digits_score(t) + 0.5 * gold_score(t) for t in texts]

@@ -26,6 +26,8 @@ import torch
 
 from rlhfkit import trl_names
 from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorer_loading import build_scorer
+from rlhfkit.experience.scorers import Scorer
 from rlhfkit.ops import ENSEMBLE_RULES
 from rlhfkit.tracking import report_to_problem
 
@@ -407,7 +409,7 @@ class RewardModelOptions:
 class RewardOptions(RewardModelOptions):
     """What scores a response, with the same fields in every command that scores (ppo, grpo,
     rloo, bon, chat, sample): a reward model (or an ensemble) and/or reward functions, summed
-    with weights (``scorer_loading.build_scorer``)."""
+    with weights (``scorer``)."""
 
     reward_functions: list[str] = dataclasses.field(default_factory=list)
     """Reward functions by name: digits, gold, instructions, sentiment (the bundled tasks),
@@ -422,6 +424,23 @@ class RewardOptions(RewardModelOptions):
     def has_scorer(self) -> bool:
         """Whether a reward model or a reward function is named."""
         return self.reward_model is not None or bool(self.reward_functions)
+
+    def scorer(
+        self, *, tokenizer=None, model: torch.nn.Module | None = None, trust: bool = False
+    ) -> Scorer:
+        """The scorer these fields name (``scorer_loading.build_scorer``). ``tokenizer`` is the
+        policy's, ``model`` the causal LM bare perplexity is measured under; ``trust`` lets the
+        code a reward model ships run."""
+        return build_scorer(
+            self.reward_model,
+            self.reward_functions,
+            self.reward_weights,
+            ensemble=self.reward_ensemble,
+            ensemble_coef=self.reward_ensemble_coef,
+            tokenizer=tokenizer,
+            model=model,
+            trust_remote_code=trust,
+        )
 
     def _check_rewards(self, required: bool = True) -> None:
         require(

@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -43,9 +42,6 @@ from rlhfkit.models.loading import (
     same_tokenizer,
     saved_tokenizer,
 )
-
-if TYPE_CHECKING:
-    from rlhfkit.config import RewardOptions
 
 logger = logging.getLogger(__name__)
 
@@ -126,27 +122,6 @@ def build_scorer(
     if len(parts) == 1 and weights[0] == 1.0:
         return parts[0]
     return WeightedScorer(list(zip(parts, weights, strict=True)))
-
-
-def scorer_from_options(
-    options: RewardOptions,
-    *,
-    tokenizer=None,
-    model: torch.nn.Module | None = None,
-    trust_remote_code: bool = False,
-) -> Scorer:
-    """The scorer a command's reward options name (``config.RewardOptions``: its reward model or
-    ensemble and its reward functions, weighted): ``build_scorer`` on those fields."""
-    return build_scorer(
-        options.reward_model,
-        options.reward_functions,
-        options.reward_weights,
-        ensemble=options.reward_ensemble,
-        ensemble_coef=options.reward_ensemble_coef,
-        tokenizer=tokenizer,
-        model=model,
-        trust_remote_code=trust_remote_code,
-    )
 
 
 # --------------------------------------------------------------------------- scorers from specs

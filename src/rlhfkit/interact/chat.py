@@ -26,7 +26,6 @@ import torch
 from rlhfkit.config import ConfigError, RewardOptions, checked_sampling
 from rlhfkit.data import Message, pad
 from rlhfkit.experience.generation import SamplingConfig
-from rlhfkit.experience.scorer_loading import scorer_from_options
 from rlhfkit.experience.scorers import ScoreInput, Scorer, WeightedScorer
 from rlhfkit.interact.env import LMAgent, encode_for_scoring, score_texts, token_budget
 from rlhfkit.runtime.machine import Runtime
@@ -131,7 +130,7 @@ def _scorer(config: RewardOptions, agent: LMAgent) -> Scorer | None:
     None when it names none."""
     if not config.has_scorer:
         return None
-    scorer = scorer_from_options(config, tokenizer=agent.tokenizer, model=agent.model)
+    scorer = config.scorer(tokenizer=agent.tokenizer, model=agent.model)
     return scorer.to(agent.device)
 
 

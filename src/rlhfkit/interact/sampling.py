@@ -30,7 +30,6 @@ from rlhfkit.config import DEMO_DATA, RewardOptions, SamplingOptions, require
 from rlhfkit.data import PromptCollator, PromptRecord, encode_prompts, load_records
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.rollout import ExperienceMaker
-from rlhfkit.experience.scorer_loading import scorer_from_options
 from rlhfkit.experience.scorers import ScoreInput, Scorer
 from rlhfkit.models.loading import freeze, load_causal_lm, load_tokenizer
 from rlhfkit.runtime.machine import Runtime
@@ -257,7 +256,7 @@ def run_bon(config: BestOfNConfig) -> Path:
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tokenizer = load_tokenizer(config.model)
     policy = freeze(load_causal_lm(config.model, tokenizer=tokenizer)).to(device)
-    scorer = scorer_from_options(config, tokenizer=tokenizer, model=policy).to(device)
+    scorer = config.scorer(tokenizer=tokenizer, model=policy).to(device)
     records = load_records(config.prompts, "prompts", split=config.split, limit=config.max_prompts)
     result = best_of_n(
         policy,

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from rlhfkit.data import load_prompts
-from rlhfkit.experience.scorer_loading import scorer_from_options
 from rlhfkit.experience.scorers import Scorer
 
 
@@ -36,6 +35,4 @@ def load_rl_prompts(config: Any, tokenizer: Any) -> tuple[list[list[int]], list[
 
 def load_rl_scorer(config: Any, tokenizer: Any) -> Scorer:
     """The scorer the config names: its reward model and reward functions, weighted."""
-    return scorer_from_options(
-        config, tokenizer=tokenizer, trust_remote_code=config.trust_remote_code
-    )
+    return config.scorer(tokenizer=tokenizer, trust=config.trust_remote_code)
