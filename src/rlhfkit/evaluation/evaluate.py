@@ -229,10 +229,7 @@ def evaluate(config: EvalConfig) -> list[dict]:
 
 def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -> list[dict]:
     sampled = bool(config.models) or _samples_best_of_n(config, setup)
-    named, table, curve = _sampled_rows(config, setup) if sampled else ({}, [], [])
-    parts = None
-    if sampled and setup.breakdown is not None:
-        parts = pass_rates(named, setup.breakdown)
+    named, table, curve, parts = _sampled_rows(config, setup) if sampled else ({}, [], [], None)
     accuracy = None
     if comparisons is not None:
         gold_fn = None if config.task is None else REWARD_FUNCTIONS[config.task]
@@ -268,11 +265,13 @@ def _samples_best_of_n(config: EvalConfig, setup: _Setup) -> bool:
 
 def _sampled_rows(
     config: EvalConfig, setup: _Setup
-) -> tuple[dict[str, PolicySamples], list[dict], list[dict]]:
+) -> tuple[dict[str, PolicySamples], list[dict], list[dict], list[dict] | None]:
     """Every model's samples (and best-of-n's) on the prompts, the results table with KL to
-    the reference, and the best-of-n curve."""
+    the reference, the best-of-n curve, and the models' pass rates per part of the gold score
+    (None for a task without parts)."""
     named = _evaluate_models(config, setup)
     baseline = named.pop(None)
+    parts = pass_rates(named, setup.breakdown) if setup.breakdown is not None else None
     size = len(setup.prompts)
     table = [
         {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": size}
@@ -293,4 +292,4 @@ def _sampled_rows(
         )
         row = summarize(name, named[name], baseline.first(len(bon_prompts)))
         table.append({**row, "kl_method": "analytic", "prompts": len(bon_prompts)})
-    return named, table, curve
+    return named, table, curve, parts
