@@ -64,7 +64,7 @@ from rlhfkit.trainers.loop import WATCH_RL, Batch
 from rlhfkit.trainers.optim import MinibatchLearner, accumulate
 from rlhfkit.trainers.policy import PolicyTrainer
 from rlhfkit.trainers.ppo_update import policy_loss, update_learners
-from rlhfkit.trainers.rl_inputs import load_rl_prompts, load_rl_scorer
+from rlhfkit.trainers.rl_inputs import load_rl_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -267,7 +267,7 @@ class GRPOTrainer(PolicyTrainer):
             reference = load_causal_lm(
                 config.reference, tokenizer=tokenizer, trust_remote_code=trust
             )
-        scorer = load_rl_scorer(config, tokenizer)
+        scorer = config.scorer(tokenizer=tokenizer, trust=config.trust_remote_code)
         return cls(config, model, tokenizer, prompts, scorer, eval_prompts, reference=reference)
 
 

@@ -73,7 +73,7 @@ from rlhfkit.trainers.ppo_update import (
     shuffled_minibatches,
     update_learners,
 )
-from rlhfkit.trainers.rl_inputs import load_rl_prompts, load_rl_scorer
+from rlhfkit.trainers.rl_inputs import load_rl_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -427,7 +427,7 @@ class PPOTrainer(Trainer):
             lora=config.lora_settings,
             trust_remote_code=trust,
         )
-        scorer = load_rl_scorer(config, tokenizer)
+        scorer = config.scorer(tokenizer=tokenizer, trust=config.trust_remote_code)
         return cls(
             config,
             models.policy,

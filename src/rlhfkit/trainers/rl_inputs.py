@@ -1,9 +1,9 @@
 """What every RL stage (PPO, GRPO, RLOO) reads before it trains, read one way: the training
-and held-out prompts, then the scorer.
+and held-out prompts.
 
 The prompts come first and are loaded before any model, so a data error stops the run before
-minutes go into loading weights; the scorer (a reward model, reward functions or both) comes
-with the models.
+minutes go into loading weights; the scorer (``RewardOptions.scorer``: a reward model, reward
+functions or both) comes with the models.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from rlhfkit.data import load_prompts
-from rlhfkit.experience.scorers import Scorer
 
 
 def load_rl_prompts(config: Any, tokenizer: Any) -> tuple[list[list[int]], list[list[int]]]:
@@ -31,8 +30,3 @@ def load_rl_prompts(config: Any, tokenizer: Any) -> tuple[list[list[int]], list[
             config.eval_data, config.eval_split, limit=config.max_eval_samples, **read
         )
     return prompts, eval_prompts
-
-
-def load_rl_scorer(config: Any, tokenizer: Any) -> Scorer:
-    """The scorer the config names: its reward model and reward functions, weighted."""
-    return config.scorer(tokenizer=tokenizer, trust=config.trust_remote_code)
