@@ -132,6 +132,12 @@ COMMANDS: dict[str, Command] = {
         "critic-free RL with the leave-one-out baseline (RLOO)",
         distributed=True,
     ),
+    "export": Command(
+        "rlhfkit.trainers.export:CheckpointExportConfig",
+        "rlhfkit.trainers.export:run_checkpoint_export",
+        "a PPO, GRPO or RLOO checkpoint as a model directory (keep the step before the reward "
+        "model was over-optimised)",
+    ),
     "bon": Command(
         "rlhfkit.interact.sampling:BestOfNConfig",
         "rlhfkit.interact.sampling:run_bon",

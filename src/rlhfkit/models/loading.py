@@ -50,7 +50,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from rlhfkit.checkpoint import atomic_dir, verify
+from rlhfkit.checkpoint import STATE_FILE, atomic_dir, verify
 from rlhfkit.data.sources import is_hub_name
 from rlhfkit.errors import UsageError
 from rlhfkit.models.reward_format import (
@@ -106,6 +106,12 @@ def _not_a_model(path: Path, names: set[str]) -> str:
         return (
             "no such directory, nor a hub model name ('name' or 'owner/name'); give the "
             "directory a stage wrote (`rlhfkit sft` writes <output_dir>/final) or a hub name"
+        )
+    if STATE_FILE in names:
+        return (
+            "a training checkpoint that holds no model directory (PPO's trained weights, for a "
+            f"resume); `rlhfkit export --checkpoint {path} --output_dir <dir>` writes the "
+            "model of that step"
         )
     what = "a file" if not path.is_dir() else "an empty directory" if not names else "a directory"
     return (

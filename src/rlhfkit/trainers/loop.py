@@ -632,16 +632,21 @@ class Trainer:
             self.save_checkpoint()
         self.on_train_end()
         self.state.complete = True
-        with self.whole_models():
-            if self.accelerator.is_main_process:
-                with atomic_dir(self.config.final_dir) as tmp, self.stored_as_trained():
-                    self.save_model(tmp)
-                    ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
+        self.write_model_dir(self.config.final_dir)
         if self.accelerator.is_main_process:
             keys = [*self.plot_keys, *(f"eval/{k}" for k in self.state.eval_metrics)]
             self.tracker.plot(keys, self.output_dir / "curves.png")
         self.accelerator.wait_for_everyone()
         logger.info("finished: final model in %s", self.config.final_dir)
+
+    def write_model_dir(self, path: Path, **notes: Any) -> None:
+        """Write `path` atomically as `final/` is written: the model as its passes computed
+        with (`stored_as_trained`), the tokenizer, and the trainer state with `notes` added."""
+        with self.whole_models():
+            if self.accelerator.is_main_process:
+                with atomic_dir(path) as tmp, self.stored_as_trained():
+                    self.save_model(tmp)
+                    ckpt.write_json({**self._state_json(), **notes}, tmp / ckpt.STATE_FILE)
 
     def model_sources(self) -> dict[str, str]:
         """Where each trained model started, by its name (``distribute``)."""
@@ -805,18 +810,25 @@ class Trainer:
                 "was written by another version of rlhfkit. Resume from a checkpoint of this "
                 "version, or start again with resume: false"
             )
-        self._load_weights(path)
+        self.load_trained_state(path, saved)
         for name, learner in self.learners.items():
             if self.sharded:
                 load_local_optimizer_state(learner.optimizer, optimizers[name])
             else:
                 learner.optimizer.load_state_dict(optimizers[name])
-            learner.scheduler.load_state_dict(saved["scheduler"][name])
-        self._restore_state(saved)
-        self.load_extra_state(saved)
         self._load_rng(path / f"rng_state_{self.accelerator.process_index}.safetensors")
         self._saved_at = self.state.step
         logger.info("resumed from %s at step %d", path, self.state.step)
+
+    def load_trained_state(self, path: Path, saved: dict[str, Any]) -> None:
+        """The weights, schedules, step and the trainer's own state of checkpoint `path`
+        (`saved`: its `trainer_state.json`), without its optimiser state and random streams:
+        all that the model at that step needs (`rlhfkit export`), on any launch."""
+        self._load_weights(path)
+        for name, learner in self.learners.items():
+            learner.scheduler.load_state_dict(saved["scheduler"][name])
+        self._restore_state(saved)
+        self.load_extra_state(saved)
 
     def _check_launch(self, path: Path, saved: dict[str, Any]) -> None:
         """A checkpoint resumes only on the launch that wrote it: with other processes the
