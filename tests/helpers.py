@@ -165,3 +165,9 @@ class TargetFraction(Scorer):
         real = batch.response_mask != 0
         hits = (batch.response >= TARGETS.start) & (batch.response < TARGETS.stop) & real
         return hits.sum(1).float() / real.sum(1)
+
+
+def response_chars(prompts, responses):
+    """A reward function by name (``helpers:response_chars``): each response's length in
+    characters, a score that differs between samples."""
+    return [float(len(r)) for r in responses]

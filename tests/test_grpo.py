@@ -13,6 +13,7 @@ from helpers import TargetFraction, on_device, tiny_corpus, tiny_lm, tiny_prompt
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import PromptCollator
 from rlhfkit.experience.rollout import estimate_advantages, rollout_stats
+from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.ops.advantages import group_advantages
 from rlhfkit.trainers.grpo import GRPOTrainer, run_grpo
 from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
@@ -401,6 +402,18 @@ def test_processed_scores_make_the_advantages(tiny_tokenizer, tmp_path):
         )
         stats[clip] = _loss(trainer, batch)[1]["advantage/abs_mean"]
     assert stats[0.01] <= 0.02 < stats[None]
+
+
+def test_gold_functions_score_the_held_out_samples_beside_the_scorer(tiny_tokenizer, tmp_path):
+    chars = build_scorer(None, ["helpers:response_chars"], tokenizer=tiny_tokenizer)
+    gold = ["helpers:response_chars", "helpers:response_chars"]  # summed: twice the score
+    prompts = tiny_prompts(tiny_tokenizer, 80)
+    config = _config(tmp_path, gold_functions=gold)
+    trainer = GRPOTrainer(
+        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts[:64], chars, prompts[64:]
+    )
+    metrics = trainer.evaluate()
+    assert metrics["score"] > 0 and metrics["gold"] == pytest.approx(2 * metrics["score"])
 
 
 @pytest.mark.parametrize(

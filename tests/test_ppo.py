@@ -13,6 +13,7 @@ from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
 from rlhfkit.experience import generation
+from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import RewardModelScorer
 from rlhfkit.models.loading import ValueModel, freeze
 from rlhfkit.models.lora import add_lora, reference_mode
@@ -241,6 +242,17 @@ def test_held_out_evaluation_is_logged_and_leaves_training_unchanged(tiny_tokeni
     # The same fixed-seed samples every time: the numbers are reproducible.
     assert evaluated.evaluate() == evaluated.evaluate()
     assert evaluated.evaluate()["score"] == pytest.approx(last["eval/score"])
+
+
+def test_gold_functions_score_the_held_out_samples_beside_the_scorer(tiny_tokenizer, tmp_path):
+    chars = build_scorer(None, ["helpers:response_chars"], tokenizer=tiny_tokenizer)
+    gold = ["helpers:response_chars", "helpers:response_chars"]  # summed: twice the score
+    held_out = tiny_prompts(tiny_tokenizer, 80)[64:]
+    trainer = _trainer(tiny_tokenizer, tmp_path, chars, eval_prompts=held_out, gold_functions=gold)
+    metrics = trainer.evaluate()
+    assert metrics["score"] > 0 and metrics["gold"] == pytest.approx(2 * metrics["score"])
+    with pytest.raises(ConfigError, match="gold_functions .* when eval_data is None"):
+        _config(tmp_path, eval_data=None, gold_functions=["digits"])
 
 
 def test_a_checkpoint_with_one_optimiser_for_both_models_is_refused_by_name(

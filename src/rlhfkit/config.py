@@ -361,10 +361,29 @@ class EvalPromptOptions:
     """Split to read from `eval_data` when it is a dataset with splits."""
     max_eval_samples: int | None = 64
     """Use only the first this many evaluation prompts; None uses all."""
+    gold_functions: list[str] = dataclasses.field(default_factory=list)
+    """Reward functions named as in `reward_functions` (digits, gold, instructions, sentiment,
+    module:function) that score the held-out samples at each evaluation beside the training
+    scorer, their sum logged as `eval/gold`. Never trained on: the true measure, where the
+    training reward is a learnt proxy (a reward model), so that over-optimisation shows while
+    the run goes (the gold falls while `eval/score` rises). Needs `eval_data`."""
 
     def _check_eval_prompts(self) -> None:
         limit = self.max_eval_samples
         require(self, "max_eval_samples", limit is None or limit >= 1, "None or an integer >= 1")
+        require(
+            self,
+            "gold_functions",
+            self.eval_data is not None or not self.gold_functions,
+            "[] when eval_data is None (they score the held-out samples)",
+        )
+
+    def gold_scorer(self, tokenizer) -> Scorer | None:
+        """The scorer of `gold_functions` (texts decoded with the policy's ``tokenizer``), or
+        None when there are none."""
+        if not self.gold_functions:
+            return None
+        return build_scorer(None, self.gold_functions, tokenizer=tokenizer)
 
 
 @dataclass

@@ -114,6 +114,7 @@ class GRPOTrainer(PolicyTrainer):
             accelerator=accelerator,
         )
         scorer = prepare_scorer(scorer, self.runtime, config.padding_free)
+        self.gold = config.gold_scorer(tokenizer)
         has_reference = config.beta > 0
         models = RolloutModels(self.unwrapped_model, self.reference, None, has_reference)
         settings = config.rollout_settings
@@ -238,19 +239,19 @@ class GRPOTrainer(PolicyTrainer):
         self.moments.load_state_dict(saved["score_moments"])
 
     def evaluate(self) -> dict[str, float]:
-        """Mean score and length of one fixed-seed sample per held-out prompt."""
+        """Mean score, length and gold functions' score of one fixed-seed sample per held-out
+        prompt."""
         if not self.eval_prompts:
             return {}
         generator = torch.Generator(self.accelerator.device).manual_seed(self.config.seed + 1)
-        scores, lengths = [], []
+        parts: dict[str, list[torch.Tensor]] = {"score": [], "length": [], "gold": []}
         for batch in self.eval_batches(self.eval_prompts, self.collate_fn):
             samples, _ = self.sample(batch["query"], batch["query_mask"], generator)
-            scores.append(self.scorer(samples).cpu())
-            lengths.append(samples.response_mask.sum(1).float().cpu())
-        return {
-            "score": torch.cat(scores).mean().item(),
-            "length": torch.cat(lengths).mean().item(),
-        }
+            parts["score"].append(self.scorer(samples).cpu())
+            parts["length"].append(samples.response_mask.sum(1).float().cpu())
+            if self.gold is not None:
+                parts["gold"].append(self.gold(samples).cpu())
+        return {key: torch.cat(values).mean().item() for key, values in parts.items() if values}
 
     # ----------------------------------------------------------------- from a config
     @classmethod

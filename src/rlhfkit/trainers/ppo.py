@@ -51,7 +51,7 @@ from rlhfkit.experience.rollout import (
     load_rollout_models,
     rollout_stats,
 )
-from rlhfkit.experience.scorers import Scorer, as_scorer, prepare_scorer
+from rlhfkit.experience.scorers import ScoreInput, Scorer, as_scorer, prepare_scorer
 from rlhfkit.models.loading import disable_dropout, freeze, load_tokenizer
 from rlhfkit.models.lora import base_view, is_lora_lm, merged_copy
 from rlhfkit.models.passes import (
@@ -119,6 +119,7 @@ class PPOTrainer(Trainer):
         # processes).
         self.ptx_examples = ptx_examples or []
         self.eval_prompts = eval_prompts or []
+        self.gold = config.gold_scorer(tokenizer)
         scorer = prepare_scorer(as_scorer(scorer), self.runtime, self.config.padding_free)
         if reference is None and self.runtime.side_by_side and is_lora_lm(self.unwrapped_model):
             # Its own module on the base weights: the reference pass runs beside the policy's.
@@ -320,8 +321,9 @@ class PPOTrainer(Trainer):
     # ----------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
         """One fixed-seed sample per held-out prompt: the mean raw score, KL to the reference
-        (summed over the response, as ``kl/ref``) and length. Training's random streams, score
-        statistics and KL coefficient are left as they were."""
+        (summed over the response, as ``kl/ref``), length, and the gold functions' score.
+        Training's random streams, score statistics and KL coefficient are left as they
+        were."""
         if not self.eval_prompts:
             return {}
         generator = torch.Generator(self.runtime.device).manual_seed(self.config.seed + 2)
@@ -335,6 +337,9 @@ class PPOTrainer(Trainer):
                 "kl": rollout.kl.sum(),
                 "length": rollout.response_mask.sum(),
             }
+            if self.gold is not None:
+                batch = ScoreInput.from_ids(self.tokenizer, *rollout.sequences)
+                totals["gold"] = self.gold(batch).sum()
             accumulate(sums, totals)
         return {key: value / len(self.eval_prompts) for key, value in sums.items()}
 
