@@ -338,8 +338,9 @@ class PPOTrainer(Trainer):
                 "length": rollout.response_mask.sum(),
             }
             if self.gold is not None:
-                batch = ScoreInput.from_ids(self.tokenizer, *rollout.sequences)
-                totals["gold"] = self.gold(batch).sum()
+                texts = (rollout.prompts, rollout.responses)  # decoded once, by the maker
+                eos = self.tokenizer.eos_token_id
+                totals["gold"] = self.gold(ScoreInput(*texts, *rollout.sequences, eos)).sum()
             accumulate(sums, totals)
         return {key: value / len(self.eval_prompts) for key, value in sums.items()}
 
