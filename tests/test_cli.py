@@ -189,3 +189,35 @@ def test_a_former_name_in_a_config_file_is_refused_naming_the_file(capsys, tmp_p
     assert main(["bon", "--config", str(old)]) == 2
     err = capsys.readouterr().err
     assert f"unrecognized key 'scorer' in {old} (a former name); did you mean --reward_model" in err
+
+
+def test_the_rm_command_keeps_its_best_evaluation_as_final(tiny_model_dir, tmp_path):
+    pairs = _write_jsonl(
+        tmp_path / "c.jsonl",
+        [{"prompt": f"Q: {i}?", "chosen": f" {i + 1}", "rejected": f" {i + 2}"} for i in range(12)],
+    )
+    common = (
+        "rm", "--model", str(tiny_model_dir), "--train_data", pairs, "--eval_data", pairs,
+        "--max_steps", "3", "--eval_every", "1", "--batch_size", "4", "--max_length", "32",
+        "--cpu", "true", "--report_to", "none",
+    )  # fmt: skip
+    _cli(
+        *common, "--output_dir", "runs/rm", "--metric_for_best_model", "eval/accuracy",
+        "--load_best_model_at_end", "true", cwd=tmp_path,
+    )  # fmt: skip
+    run = tmp_path / "runs" / "rm"
+    saved = json.loads((run / "final" / "trainer_state.json").read_text())
+    best = json.loads((run / "best" / "trainer_state.json").read_text())["best"]
+    assert saved["complete"] and saved["best"] == best and saved["last_step"] == 3
+    assert saved["step"] == best["step"] and best["metric"] == "eval/accuracy"
+    RewardModel.from_pretrained(run / "final")
+
+    env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
+    wrong = subprocess.run(
+        [sys.executable, "-m", "rlhfkit.cli", *common, "--output_dir", "runs/rm2",
+         "--metric_for_best_model", "eval/acuracy"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr
+    assert "'eval/acuracy' is not a metric this run's evaluation gives" in wrong.stderr
+    assert "eval/accuracy" in wrong.stderr

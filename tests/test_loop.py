@@ -5,6 +5,7 @@ pipeline; the tiny GPT-2 keeps its dropout (0.1) so that resume must restore the
 """
 
 import json
+import math
 import random
 
 import numpy as np
@@ -15,7 +16,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from rlhfkit import checkpoint as ckpt
-from rlhfkit.config import TrainConfig
+from rlhfkit.config import ConfigError, SFTConfig, TrainConfig
+from rlhfkit.errors import UsageError
 from rlhfkit.tracking import read_jsonl
 from rlhfkit.trainers.loop import Trainer, epoch_order
 
@@ -228,3 +230,141 @@ def test_epoch_order_depends_on_seed_and_epoch_only():
     assert sorted(order.tolist()) == list(range(10))
     assert np.array_equal(order, epoch_order(10, seed=3, epoch=1))
     assert not np.array_equal(order, epoch_order(10, seed=3, epoch=2))
+
+
+# The score each step's evaluation gives in the best-model tests: the best is step 4's.
+SCORES = {1: 1.0, 2: 3.0, 3: 2.0, 4: 5.0, 5: 4.0, 6: 4.5}
+
+
+class ScoredToyLMTrainer(ToyLMTrainer):
+    """Evaluations that give `SCORES[step]`, and keep a copy of the weights each step had."""
+
+    def evaluate(self):
+        self.weights_at = getattr(self, "weights_at", {})
+        self.weights_at[self.state.step] = _weights(self)
+        return {"score": SCORES[self.state.step], "loss": 1.0 / SCORES[self.state.step]}
+
+
+def _scored(model_dir, tokenizer, out, **overrides):
+    trainer = _trainer(model_dir, tokenizer, out, eval_every=1, **overrides)
+    trainer.__class__ = ScoredToyLMTrainer
+    return trainer
+
+
+def _saved_weights(path):
+    return AutoModelForCausalLM.from_pretrained(path).state_dict()
+
+
+def _state(path):
+    return json.loads((path / "trainer_state.json").read_text())
+
+
+def test_the_best_model_is_kept_and_becomes_final_with_load_best_model_at_end(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    best = {"metric": "eval/score", "value": 5.0, "step": 4}
+    trainer = _scored(
+        tiny_model_dir, tiny_tokenizer, tmp_path, save_every=3,
+        metric_for_best_model="eval/score", load_best_model_at_end=True,
+    )  # fmt: skip
+    state = trainer.train()
+    assert (state.step, state.best_step, state.best_metric) == (6, 4, 5.0)
+    final, kept = tmp_path / "final", tmp_path / "best"
+    assert ckpt.is_complete(tmp_path) and ckpt.verify(final) and ckpt.verify(kept)
+    for name, tensor in _saved_weights(final).items():
+        assert torch.equal(tensor, trainer.weights_at[4][name]), name
+    assert not all(
+        torch.equal(t, trainer.weights_at[6][k]) for k, t in _saved_weights(final).items()
+    )
+    saved = _state(final)
+    assert (saved["step"], saved["last_step"], saved["complete"], saved["best"]) == (
+        4,
+        6,
+        True,
+        best,
+    )
+    assert saved["eval_metrics"]["score"] == 5.0  # the evaluation of the model it holds
+    assert _state(kept)["best"] == best and (final / "tokenizer.json").is_file()
+    assert _state(tmp_path / "checkpoint-6")["best_step"] == 4  # the last step stays there
+
+    # Without load_best_model_at_end, final/ is the last step's and names the best beside it.
+    last = _scored(
+        tiny_model_dir, tiny_tokenizer, tmp_path / "last", metric_for_best_model="loss"
+    )  # 'loss': smaller is better, the same step 4
+    last.train()
+    saved = _state(tmp_path / "last" / "final")
+    assert saved["step"] == 6 and saved["best"] == {**best, "metric": "eval/loss", "value": 0.2}
+    for name, tensor in _saved_weights(tmp_path / "last" / "best").items():
+        assert torch.equal(tensor, last.weights_at[4][name]), name
+
+
+def test_a_resumed_run_chooses_the_same_best_model_as_an_uninterrupted_one(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    fields = dict(
+        no_dropout=True, save_every=3, metric_for_best_model="score", load_best_model_at_end=True
+    )
+    straight = _scored(tiny_model_dir, tiny_tokenizer, tmp_path / "a", **fields)
+    straight.train()
+    # Interrupted after step 4's evaluation wrote best/ and before step 5 ended: the newest
+    # checkpoint (step 3) names step 2 as the best, and best/ holds step 4.
+    broken = _scored(tiny_model_dir, tiny_tokenizer, tmp_path / "b", **fields)
+    compute_loss = broken.compute_loss
+
+    def fails_at_step_five(batch):
+        if broken.state.step == 4:
+            raise RuntimeError("killed")
+        return compute_loss(batch)
+
+    broken.compute_loss = fails_at_step_five
+    with pytest.raises(RuntimeError):
+        broken.train()
+    assert _state(tmp_path / "b" / "best")["best_step"] == 4
+    assert _state(tmp_path / "b" / "checkpoint-3")["best_step"] == 2
+    resumed = _scored(tiny_model_dir, tiny_tokenizer, tmp_path / "b", **fields)
+    assert resumed.train().best_step == 4 and sorted(resumed.weights_at) == [4, 5, 6]
+    expected = _saved_weights(tmp_path / "a" / "final")
+    for name, tensor in _saved_weights(tmp_path / "b" / "final").items():
+        assert torch.equal(tensor, expected[name]), name
+
+
+def test_a_metric_the_evaluation_does_not_give_is_named_with_those_it_gives(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    trainer = _scored(tiny_model_dir, tiny_tokenizer, tmp_path, metric_for_best_model="eval/acc")
+    with pytest.raises(UsageError, match=r"'eval/acc' is not .* gives: eval/loss, eval/score"):
+        trainer.train()
+
+
+@pytest.mark.parametrize(
+    ("metric", "greater", "value", "best", "better"),
+    [
+        ("eval/accuracy", None, 0.8, 0.7, True),
+        ("eval/accuracy", None, 0.7, 0.7, False),  # a tie keeps the earlier model
+        ("eval/loss", None, 0.5, 0.7, True),  # a loss: smaller is better
+        ("loss", True, 0.5, 0.7, False),  # unless said otherwise
+        ("eval/nll", None, 4.046, 4.049, True),
+        ("perplexity", None, 57.3, 57.1, False),
+        ("rewards/margin_loss", None, 0.1, 0.2, True),
+        ("kl", False, 0.5, 0.7, True),
+        ("score", None, 0.1, None, True),  # the first evaluation is the best so far
+        ("score", None, math.nan, None, False),  # NaN is never the best
+        ("score", None, math.inf, 0.1, False),
+    ],
+)
+def test_which_evaluation_is_better(metric, greater, value, best, better):
+    config = TrainConfig(eval_every=1, metric_for_best_model=metric, greater_is_better=greater)
+    assert config.is_better(value, best) is better
+
+
+def test_best_model_fields_are_checked():
+    with pytest.raises(ConfigError, match="eval_every = 0 .* >= 1 when metric_for_best_model"):
+        TrainConfig(metric_for_best_model="eval/loss")
+    with pytest.raises(ConfigError, match="load_best_model_at_end = True .* metric_for_best_model"):
+        TrainConfig(load_best_model_at_end=True)
+    with pytest.raises(ConfigError, match="metric_for_best_model = 'eval/' is not"):
+        TrainConfig(eval_every=1, metric_for_best_model="eval/")
+    with pytest.raises(
+        ConfigError, match="metric_for_best_model = 'loss' .* when eval_data is None"
+    ):
+        SFTConfig(eval_every=1, metric_for_best_model="loss", eval_data=None)

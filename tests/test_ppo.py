@@ -19,6 +19,7 @@ from rlhfkit.models.loading import ValueModel, freeze
 from rlhfkit.models.lora import add_lora, reference_mode
 from rlhfkit.models.passes import ValueHeadLM
 from rlhfkit.runtime.machine import Runtime
+from rlhfkit.tracking import read_jsonl
 from rlhfkit.trainers.loop import OPTIMIZER_FILE
 from rlhfkit.trainers.ppo import PPOTrainer
 from rlhfkit.trainers.ppo_config import PPOConfig
@@ -253,6 +254,33 @@ def test_gold_functions_score_the_held_out_samples_beside_the_scorer(tiny_tokeni
     assert metrics["score"] > 0 and metrics["gold"] == pytest.approx(2 * metrics["score"])
     with pytest.raises(ConfigError, match="gold_functions .* when eval_data is None"):
         _config(tmp_path, eval_data=None, gold_functions=["digits"])
+
+
+def test_ppo_keeps_the_policy_of_its_best_gold_evaluation_as_final(tiny_tokenizer, tmp_path):
+    chars = build_scorer(None, ["helpers:response_chars"], tokenizer=tiny_tokenizer)
+    held_out = tiny_prompts(tiny_tokenizer, 80)[64:]
+    trainer = _trainer(
+        tiny_tokenizer, tmp_path, chars, eval_prompts=held_out, max_steps=4, eval_every=1,
+        gold_functions=["helpers:response_chars"], metric_for_best_model="eval/gold",
+        load_best_model_at_end=True,
+    )  # fmt: skip
+    trainer.train()
+    golds = {
+        row["step"]: row["eval/gold"]
+        for row in read_jsonl(tmp_path / "run" / "metrics.jsonl")
+        if "eval/gold" in row
+    }
+    step = max(golds, key=lambda s: (golds[s], -s))  # the first of the highest
+    saved = json.loads((tmp_path / "run" / "final" / "trainer_state.json").read_text())
+    assert sorted(golds) == [1, 2, 3, 4] and len(set(golds.values())) > 1
+    assert saved["best"] == {"metric": "eval/gold", "value": golds[step], "step": step}
+    assert saved["step"] == step and saved["last_step"] == 4
+    for part in ("model.safetensors", "critic/model.safetensors"):
+        kept = load_file(tmp_path / "run" / "best" / part)
+        final = load_file(tmp_path / "run" / "final" / part)
+        assert all(torch.equal(kept[k], final[k]) for k in kept), part
+    with pytest.raises(ConfigError, match="metric_for_best_model = 'gold' .* needs gold_functions"):
+        _config(tmp_path, eval_every=1, metric_for_best_model="gold")
 
 
 def test_a_checkpoint_with_one_optimiser_for_both_models_is_refused_by_name(

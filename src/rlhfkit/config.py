@@ -90,6 +90,10 @@ def checked_sampling(config: Any) -> SamplingConfig:
         raise ConfigError(f"{type(config).__name__}.{error}") from error
 
 
+# Evaluation metrics whose smaller values are better, by the end of their names.
+SMALLER_IS_BETTER = ("loss", "nll", "perplexity")
+
+
 @dataclass
 class TrainConfig:
     """Fields of the shared training loop: optimiser, schedule, batching, checkpoints, logging."""
@@ -136,6 +140,18 @@ class TrainConfig:
     """Write a checkpoint every this many optimiser steps; 0 only at the end."""
     keep_last: int = 2
     """Checkpoints to keep in `output_dir` (older ones are deleted)."""
+    metric_for_best_model: str | None = None
+    """An evaluation metric as logged ('eval/loss', 'eval/accuracy', 'eval/gold'; the 'eval/'
+    may be left out) by which each evaluation's model is compared with the best so far: the
+    best is written to `output_dir`/best/ like `final/`, its `trainer_state.json` naming the
+    step and the value. Needs `eval_every` >= 1. None keeps no best model."""
+    greater_is_better: bool | None = None
+    """Whether a larger `metric_for_best_model` is the better model; None: False for a metric
+    whose name ends in 'loss', 'nll' or 'perplexity', True for any other."""
+    load_best_model_at_end: bool = False
+    """Write the best evaluated model (`metric_for_best_model`) as `final/` instead of the last
+    step's: the stage's result is then the step before over-fitting or over-optimisation. The
+    last step's model stays in the newest checkpoint."""
     resume: bool = True
     """Continue from the newest checkpoint in `output_dir` (and skip a finished run); False starts
     over and deletes earlier checkpoints there."""
@@ -200,11 +216,51 @@ class TrainConfig:
             require(self, name, getattr(self, name) >= 0, "an integer >= 0 (0 = only at the end)")
         require(self, "log_every", self.log_every >= 1, "an integer >= 1")
         require(self, "keep_last", self.keep_last >= 1, "an integer >= 1")
+        self._check_best_model()
         require(self, "model", bool(self.model), "a model name or directory")
         require(self, "output_dir", bool(self.output_dir), "a directory path")
         problem = report_to_problem(self.report_to)
         require(self, "report_to", problem is None, problem or "")
         require(self, "project", bool(self.project), "a wandb project / MLflow experiment name")
+
+    def _check_best_model(self) -> None:
+        metric = self.metric_for_best_model
+        require(
+            self,
+            "metric_for_best_model",
+            metric is None or bool(metric.removeprefix("eval/")),
+            "None or the name of an evaluation metric, e.g. 'eval/loss'",
+        )
+        require(
+            self,
+            "eval_every",
+            metric is None or self.eval_every >= 1,
+            "an integer >= 1 when metric_for_best_model is set (the evaluations it compares)",
+        )
+        require(
+            self,
+            "load_best_model_at_end",
+            metric is not None or not self.load_best_model_at_end,
+            "False when metric_for_best_model is None (nothing says which model is best)",
+        )
+
+    @property
+    def best_metric_key(self) -> str | None:
+        """`metric_for_best_model` as `evaluate()` names it (without 'eval/')."""
+        metric = self.metric_for_best_model
+        return None if metric is None else metric.removeprefix("eval/")
+
+    def is_better(self, value: float, best: float | None) -> bool:
+        """Whether an evaluation giving `value` beats the best so far (`best`, None: none
+        yet); a value that is not a finite number never does, a tie keeps the earlier."""
+        if not math.isfinite(value):
+            return False
+        if best is None:
+            return True
+        greater = self.greater_is_better
+        if greater is None:
+            greater = not self.best_metric_key.endswith(SMALLER_IS_BETTER)
+        return value > best if greater else value < best
 
     @property
     def effective_batch_size(self) -> int:
@@ -249,6 +305,16 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def _check_best_needs_eval(cfg: Any) -> None:
+    """A best model is chosen on evaluations, which need held-out data."""
+    require(
+        cfg,
+        "metric_for_best_model",
+        cfg.metric_for_best_model is None or cfg.eval_data is not None,
+        "None when eval_data is None (there is no evaluation to compare)",
+    )
+
+
 @dataclass
 class DataOptions:
     """Fields of the stages that train on a fixed dataset (SFT, reward model, DPO); each stage
@@ -280,6 +346,7 @@ class DataOptions:
 
     def _check_data(self) -> None:
         require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
+        _check_best_needs_eval(self)
         require(self, "max_length", self.max_length >= 2, "an integer >= 2 (prompt + response)")
         for name in ("max_train_samples", "max_eval_samples"):
             value = getattr(self, name)
@@ -376,6 +443,13 @@ class EvalPromptOptions:
             "gold_functions",
             self.eval_data is not None or not self.gold_functions,
             "[] when eval_data is None (they score the held-out samples)",
+        )
+        _check_best_needs_eval(self)
+        require(
+            self,
+            "metric_for_best_model",
+            self.best_metric_key != "gold" or bool(self.gold_functions),
+            "a metric the evaluation logs: 'gold' needs gold_functions",
         )
 
     def gold_scorer(self, tokenizer) -> Scorer | None:

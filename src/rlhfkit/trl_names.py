@@ -79,10 +79,6 @@ _EVAL_HOOKS = missing(
     "each stage computes its own evaluation metrics over --eval_data; there is no "
     "compute_metrics hook to configure"
 )
-_BEST = missing(
-    "final/ is the model of the last step; every evaluation's metrics are in metrics.jsonl, so "
-    "to keep an earlier step's model, rerun with --max_steps at it"
-)
 _DATALOADER = missing(
     "the data are tokenised once before the first step and batches are collated in the "
     "training process; there are no DataLoader workers to configure"
@@ -257,9 +253,13 @@ TRAINING_ARGUMENTS: dict[str, Answer] = {
     "hub_strategy": _HUB,
     "hub_always_push": _HUB,
     "hub_revision": _HUB,
-    "load_best_model_at_end": _BEST,
-    "metric_for_best_model": _BEST,
-    "greater_is_better": _BEST,
+    "load_best_model_at_end": same("final/ is then a copy of best/"),
+    "metric_for_best_model": same(
+        "a metric as logged, e.g. eval/loss; each better evaluation writes best/"
+    ),
+    "greater_is_better": same(
+        "None: False for a metric named ...loss, ...nll or ...perplexity, True otherwise"
+    ),
     "ignore_data_skip": missing(
         "a resumed run continues the data order where it stopped, "
         "without reading the batches before"

@@ -35,6 +35,12 @@ writes `final/` (model + tokenizer + `trainer_state.json` with `"complete": true
 `resume=True` a complete run is skipped. Evaluation runs with the random streams saved and
 restored around it, so `eval_every` never changes the training trajectory.
 
+The best model: with `metric_for_best_model`, each evaluation that beats the best so far
+writes `best/` as `final/` is written, its step and value in the trainer state (and so in every
+checkpoint after it); `load_best_model_at_end` copies it as `final/`. A resumed run keeps the
+`best/` of the step its checkpoint names; one written after that checkpoint (by evaluations the
+interrupted run made past it) is removed, and those evaluations are made again.
+
 What a run writes is checked when read (`checkpoint.py`): each checkpoint and `final/` ends
 with a manifest of its files' sizes and SHA-256; resume takes the newest checkpoint that
 verifies, setting a damaged one aside with a warning, and a damaged `final/` is no finished
@@ -109,6 +115,7 @@ logger = logging.getLogger(__name__)
 OPTIMIZER_FILE = "optimizer.safetensors"
 CONFIG_FILE = "train_config.json"
 FAILED_FILE = "failed.json"  # written by a run that stopped on an error
+BEST_DIR = "best"  # the best evaluated model (`metric_for_best_model`)
 # What a person watches on an RL stage's progress bar (PPO, GRPO, RLOO): short name -> key.
 WATCH_RL = {"score": "train/score/mean", "kl": "train/kl/ref", "entropy": "train/policy/entropy"}
 Batch = dict[str, Any]
@@ -134,6 +141,10 @@ class TrainerState:
     """The step of the most recent evaluation (a resumed run does not repeat it)."""
     skipped_steps: int = 0
     """Steps skipped for a loss or gradient that was not finite (`skip_nonfinite_steps`)."""
+    best_metric: float | None = None
+    """The best value of `metric_for_best_model` so far (None: no evaluation gave one)."""
+    best_step: int = -1
+    """The step whose model `best/` holds (-1: none)."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -458,11 +469,16 @@ class Trainer:
                 self.load_checkpoint(latest)  # restores the random streams too
                 return False
         elif self.accelerator.is_main_process:
-            for old in [*ckpt.checkpoint_dirs(self.output_dir), self.output_dir / "final"]:
+            for old in [
+                *ckpt.checkpoint_dirs(self.output_dir),
+                self.output_dir / "final",
+                self.output_dir / BEST_DIR,
+            ]:
                 if old.exists():  # a fresh directory has nothing to warn about
                     logger.warning("resume=False: deleting %s", old)
                     shutil.rmtree(old, ignore_errors=True)
         self.accelerator.wait_for_everyone()
+        self._reconcile_best()
         if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_json(self.config.to_dict(), self.output_dir / CONFIG_FILE)
@@ -519,7 +535,7 @@ class Trainer:
                 self._log_train(sums, count)
                 sums, count = {}, 0
             if cfg.eval_every and self.state.step % cfg.eval_every == 0:
-                self.run_evaluation()
+                self._keep_if_best(self.run_evaluation())
             if cfg.save_every and self.state.step % cfg.save_every == 0:
                 self.save_checkpoint()
 
@@ -627,17 +643,107 @@ class Trainer:
     def _finish(self) -> None:
         """Final evaluation, last checkpoint, `final/` with the complete marker, curves."""
         if self.state.evaluated_at != self.state.step:
-            self.run_evaluation()
+            self._keep_if_best(self.run_evaluation())
         if self._saved_at != self.state.step:
             self.save_checkpoint()
         self.on_train_end()
         self.state.complete = True
-        self.write_model_dir(self.config.final_dir)
+        best = self.state.best_step
+        if self.config.load_best_model_at_end and best not in (-1, self.state.step):
+            self._final_from_best()
+        else:
+            self.write_model_dir(self.config.final_dir, **self._best_note())
         if self.accelerator.is_main_process:
             keys = [*self.plot_keys, *(f"eval/{k}" for k in self.state.eval_metrics)]
             self.tracker.plot(keys, self.output_dir / "curves.png")
         self.accelerator.wait_for_everyone()
         logger.info("finished: final model in %s", self.config.final_dir)
+
+    # ----------------------------------------------------------------- the best model
+    def _keep_if_best(self, metrics: dict[str, float]) -> None:
+        """Write `best/` if this evaluation's `metric_for_best_model` beats the best so far.
+        A metric the evaluation does not give is a `UsageError` naming those it gives."""
+        key = self.config.best_metric_key
+        if key is None:
+            return
+        if key not in metrics:
+            given = ", ".join(f"eval/{k}" for k in sorted(metrics)) or "none"
+            raise UsageError(
+                f"{type(self.config).__name__}.metric_for_best_model: "
+                f"{self.config.metric_for_best_model!r} is not a metric this run's evaluation "
+                f"gives (it gives: {given}). Set one of those and resume"
+            )
+        value = [metrics[key]]
+        if self.accelerator.num_processes > 1:  # one decision, the main process's
+            broadcast_object_list(value)
+        if not self.config.is_better(value[0], self.state.best_metric):
+            return
+        self.state.best_metric, self.state.best_step = value[0], self.state.step
+        self.write_model_dir(self.output_dir / BEST_DIR, **self._best_note())
+        logger.info(
+            "best so far: eval/%s %.4g at step %d (%s)",
+            key,
+            value[0],
+            self.state.step,
+            self.output_dir / BEST_DIR,
+        )
+
+    def _best_note(self) -> dict[str, Any]:
+        """What `final/` and `best/` say of the best model: its metric, value and step."""
+        if self.config.best_metric_key is None or self.state.best_step < 0:
+            return {}
+        best = {
+            "metric": f"eval/{self.config.best_metric_key}",
+            "value": self.state.best_metric,
+            "step": self.state.best_step,
+        }
+        return {"best": best}
+
+    def _final_from_best(self) -> None:
+        """`final/` as a copy of `best/` (checked against its manifest), marked complete and
+        naming the last step, whose model stays in the newest checkpoint."""
+        if self.accelerator.is_main_process:
+            best = self.output_dir / BEST_DIR
+            ckpt.verify(best)
+            saved = ckpt.read_json(best / ckpt.STATE_FILE)
+            with atomic_dir(self.config.final_dir) as tmp:
+                for item in best.iterdir():
+                    if item.name in (ckpt.MANIFEST_FILE, ckpt.STATE_FILE):
+                        continue
+                    copy = shutil.copytree if item.is_dir() else shutil.copy2
+                    copy(item, tmp / item.name)
+                state = {**saved, "complete": True, "last_step": self.state.step}
+                ckpt.write_json(state, tmp / ckpt.STATE_FILE)
+        self.accelerator.wait_for_everyone()
+        logger.info(
+            "final/: the best model, of step %d (the last, %d, is in %s)",
+            self.state.best_step,
+            self.state.step,
+            ckpt.latest_checkpoint(self.output_dir),
+        )
+
+    def _reconcile_best(self) -> None:
+        """Make `best/` hold the model of the state's `best_step`, or nothing: a `best/` of
+        another step (written after the checkpoint this run resumed from, or left by a run
+        without a checkpoint) is removed, and the best is chosen again from the evaluations
+        to come. One the state names but that is gone is said in a warning."""
+        best = self.output_dir / BEST_DIR
+        state_file = best / ckpt.STATE_FILE
+        held = ckpt.read_json(state_file).get("best_step", -1) if state_file.is_file() else -1
+        if held == self.state.best_step:
+            return
+        if self.state.best_step >= 0 and held == -1:
+            logger.warning(
+                "%s of step %d is gone: the best model is chosen again from the evaluations "
+                "to come",
+                best,
+                self.state.best_step,
+            )
+        self.state.best_metric, self.state.best_step = None, -1
+        self.accelerator.wait_for_everyone()  # every process read it before it goes
+        if self.accelerator.is_main_process and best.exists():
+            logger.info("removing %s: it is not the best model of this run's state", best)
+            shutil.rmtree(best)
 
     def write_model_dir(self, path: Path, **notes: Any) -> None:
         """Write `path` atomically as `final/` is written: the model as its passes computed
