@@ -18,7 +18,10 @@ Splits, all drawn with one seeded ``random.Random``:
 - held-out kinds: at least one of ``HELDOUT_KINDS`` per prompt (never in train), on the
   training topics, so that only the kind of constraint is new. They are written into
   ``prompts/test.jsonl`` too, every third record (``FILES``), so that the evaluation's first
-  prompts, however many it takes, measure both kinds of generalisation.
+  prompts, however many it takes, measure both kinds of generalisation;
+- ``prompts/validation.jsonl``: as ``test.jsonl``, on other prompts: what a run chooses by
+  while it trains (``metric_for_best_model``), so that the test prompts measure the model it
+  chose without having chosen it. Drawn after the other splits, which it leaves as they were.
 
 Each record is ``{"prompt", "constraints" (kind names, in the order the prompt states them),
 "topic"}``; rlhfkit's loaders read the prompt and ignore the rest. ``stats.json`` holds the
@@ -50,8 +53,18 @@ from rlhfkit.tasks.instructions import (
 
 log = logging.getLogger("make_instruction_prompts")
 
-SIZES = {"train": 2000, "test": 400, "heldout_kinds": 200}
-FILES = {"train": ("train",), "test": ("test", "test", "heldout_kinds")}
+SIZES = {
+    "train": 2000,
+    "test": 400,
+    "heldout_kinds": 200,
+    "validation": 128,
+    "validation_heldout_kinds": 64,
+}
+FILES = {
+    "train": ("train",),
+    "test": ("test", "test", "heldout_kinds"),
+    "validation": ("validation", "validation", "validation_heldout_kinds"),
+}
 """Which splits each prompts file holds: records taken in turn, one from each named split."""
 HELDOUT_TOPIC_SHARE = 0.2
 TWO_CONSTRAINTS = 0.5  # chance that a prompt has a second constraint
@@ -207,6 +220,8 @@ def make_splits(seed: int) -> tuple[dict[str, list[dict]], dict[str, list[Topic]
         "train": (train_topics, (TRAINING_KINDS, TRAINING_KINDS)),
         "test": (test_topics, (TRAINING_KINDS, TRAINING_KINDS)),
         "heldout_kinds": (train_topics, (heldout, tuple(KINDS))),
+        "validation": (test_topics, (TRAINING_KINDS, TRAINING_KINDS)),
+        "validation_heldout_kinds": (train_topics, (heldout, tuple(KINDS))),
     }
     seen: set[str] = set()
     splits = {

@@ -340,12 +340,14 @@ def test_splits_are_disjoint_and_keep_held_out_kinds_out_of_training(generator, 
     assert {name: len(records) for name, records in splits.items()} == generator.SIZES
     texts = {name: {r["prompt"] for r in records} for name, records in splits.items()}
     assert sum(map(len, texts.values())) == sum(generator.SIZES.values())  # no prompt twice
-    for name in ("train", "test"):
+    for name in ("train", "test", "validation"):
         assert all(not set(r["constraints"]) & HELDOUT_KINDS for r in splits[name])
-    assert all(set(r["constraints"]) & HELDOUT_KINDS for r in splits["heldout_kinds"])
+    for name in ("heldout_kinds", "validation_heldout_kinds"):
+        assert all(set(r["constraints"]) & HELDOUT_KINDS for r in splits[name])
     stats = json.loads((first / "stats.json").read_text())
     assert not set(stats["topics"]["train"]) & set(stats["topics"]["test"])
-    assert {r["topic"] for r in splits["test"]} <= set(stats["topics"]["test"])
+    for name in ("test", "validation"):
+        assert {r["topic"] for r in splits[name]} <= set(stats["topics"]["test"])
     assert len(stats["topics"]["train"]) + len(stats["topics"]["test"]) == len(TOPICS) >= 60
 
 
@@ -375,6 +377,11 @@ def test_the_test_file_holds_the_held_out_kinds_every_third_record(generated):
     assert held == splits["heldout_kinds"]
     assert [r for r in test if r not in held] == splits["test"]
     assert not (first / "prompts" / "heldout_kinds.jsonl").exists()
+    validation = read_file(first, "validation")
+    assert validation[:3] == [*splits["validation"][:2], splits["validation_heldout_kinds"][0]]
+    assert len(validation) == 192 and not {r["prompt"] for r in validation} & {
+        r["prompt"] for r in test
+    }
 
 
 def test_generated_records_load_as_prompts(generated):
@@ -456,11 +463,10 @@ def test_resampled_comparisons_are_a_copy_with_k_new_responses_per_prompt(
 
 def test_k8_data_shares_prompts_and_demonstrations_and_compares_8_samples_a_prompt():
     k8 = tasks.INSTRUCTIONS_DATA_DIR.with_name("instructions_k8")
-    for folder in ("prompts", "sft"):
-        for split in ("train", "test"):
-            assert (k8 / folder / f"{split}.jsonl").read_bytes() == (
-                tasks.INSTRUCTIONS_DATA_DIR / folder / f"{split}.jsonl"
-            ).read_bytes()
+    shared = ["prompts/train", "prompts/test", "prompts/validation", "sft/train", "sft/test"]
+    for name in shared:
+        bundled = tasks.INSTRUCTIONS_DATA_DIR / f"{name}.jsonl"
+        assert (k8 / f"{name}.jsonl").read_bytes() == bundled.read_bytes(), name
     stats = json.loads((k8 / "stats.json").read_text())
     assert stats["data"]["k"] == 8
     for split in ("train", "test"):
