@@ -1,7 +1,9 @@
 """The instructions task's pipeline (configs/instructions_smollm2.yaml) end to end on the tiny
 test model and the bundled instructions data: every arm, GRPO included, trains a few steps;
 the evaluation breaks the gold score down per constraint kind; the report shows the responses
-side by side, escaped, and the pass rates. The GPU config is parsed and derived the same way."""
+side by side, escaped, and the pass rates. The GPU config is parsed and derived the same way;
+the config of two rounds runs too, each round's PPO keeping its best policy on the validation
+prompts."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from rlhfkit.tasks import BREAKDOWNS, INSTRUCTIONS_DATA_DIR
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "instructions_smollm2.yaml"
 GPU_CONFIG = CONFIG.with_name("instructions_smollm2_gpu.yaml")
+ROUNDS_CONFIG = CONFIG.with_name("instructions_smollm2_rounds.yaml")
 FEW = {"max_steps": 2, "batch_size": 4, "report_to": ["none"], "log_every": 1, "max_length": 96}
 SMALL = {
     "sft": {**FEW, "eval_batch_size": 8, "max_train_samples": 8, "max_eval_samples": 4},
@@ -83,6 +86,18 @@ def test_config_derives_every_arm_from_the_bundled_data(config, data):
     assert set(stages.eval.models) == {"base", "sft", "ppo", "dpo", "grpo"}
     assert stages.eval.task == "instructions" and stages.eval.mixed_precision == "bf16"
     assert Path(stages.sft.train_data).resolve() == data / "sft"  # from the root
+
+
+def test_the_rounds_config_chooses_each_round_s_policy_on_the_validation_prompts():
+    stages = stage_configs(load_config(PipelineConfig, ROUNDS_CONFIG, output_dir="runs/x"))
+    prompts = INSTRUCTIONS_DATA_DIR.with_name("instructions_k8") / "prompts"
+    assert [r.number for r in stages.rounds] == [2] and stages.grpo is None
+    for ppo in (stages.ppo, stages.rounds[0].ppo):
+        assert ppo.metric_for_best_model == "eval/gold" and ppo.load_best_model_at_end
+        assert ppo.gold_functions == ["instructions"] and ppo.eval_every == 12
+        assert Path(ppo.eval_data).resolve() == prompts and ppo.eval_split == "validation"
+    assert stages.rounds[0].policy_before == str(stages.ppo.final_dir)
+    assert set(stages.eval.models) == {"base", "sft", "ppo", "dpo", "ppo_round2"}
 
 
 def test_grpo_arm_needs_a_reward_without_a_task():
@@ -175,3 +190,31 @@ def test_report_escapes_constraint_text_in_the_side_by_side(tmp_path):
     assert "<script>" not in text and "<<title>>" not in text
     assert "\\| end" in text
     assert "| title | yes | 1 | 1.000 |" in text
+
+
+@pytest.mark.slow
+def test_the_rounds_config_runs_and_each_round_ends_with_its_best_policy(tmp_path, tiny_model_dir):
+    full = load_config(PipelineConfig, ROUNDS_CONFIG)
+    sections = {k: {**getattr(full, k), **v} for k, v in SMALL.items() if k != "grpo"}
+    best = {"eval_every": 1, "max_eval_samples": 2}
+    sections["ppo"].update(best)
+    config = load_config(
+        PipelineConfig,
+        ROUNDS_CONFIG,
+        output_dir=str(tmp_path / "run"),
+        base_model=str(tiny_model_dir),
+        ppo_eval_every=0,
+        prompts_per_round=4,
+        responses_per_prompt=2,
+        round_reward={**full.round_reward, **FEW},
+        round_ppo={**full.round_ppo, **SMALL["ppo"], **best},
+        **sections,
+    )
+    run_pipeline(config)
+    for ppo in (config.run_dir / "ppo", config.run_dir / "round_2" / "ppo"):
+        state = ckpt.read_json(ppo / "final" / ckpt.STATE_FILE)
+        assert state["complete"] and state["best"]["metric"] == "eval/gold"
+        assert state["best"]["step"] in (1, 2) and state["step"] == state["best"]["step"]
+        assert ckpt.verify(ppo / "best")
+    result = load_eval(config.run_dir / "eval.json")
+    assert {r["model"] for r in result["rows"]} >= {"ppo", "ppo_round2"}
