@@ -7,6 +7,7 @@ prompts."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,23 @@ def test_the_rounds_config_runs_and_each_round_ends_with_its_best_policy(tmp_pat
         assert ckpt.verify(ppo / "best")
     result = load_eval(config.run_dir / "eval.json")
     assert {r["model"] for r in result["rows"]} >= {"ppo", "ppo_round2"}
+
+
+def test_the_report_says_which_step_ppo_kept(tmp_path):
+    final = tmp_path / "ppo" / "final"
+    final.mkdir(parents=True)
+    best = {"metric": "eval/gold", "value": 0.318, "step": 24}
+    config = {"eval_data": "data/prompts", "eval_split": "validation"}
+    state = {"step": 24, "last_step": 72, "best": best, "config": config}
+    (final / "trainer_state.json").write_text(json.dumps(state))
+    result = {"rows": [{"model": "ppo", "gold": 0.3}], "samples": [], "config": {}}
+    text = write_report(tmp_path, result, {"ppo": tmp_path / "ppo"}).read_text()
+    assert (
+        "PPO's result is its step 24 of 72: the best eval/gold (0.318) of its evaluations on "
+        "data/prompts (validation split)" in text
+    )
+    del state["last_step"]  # final/ is the last step's model: nothing to say
+    (final / "trainer_state.json").write_text(json.dumps(state))
+    assert (
+        "PPO's result" not in write_report(tmp_path, result, {"ppo": tmp_path / "ppo"}).read_text()
+    )

@@ -343,8 +343,30 @@ def overoptimization_sentence(points: Sequence[Mapping[str, Any]]) -> str | None
     )
 
 
+def chosen_step_sentence(stage: str, final_dir: str | Path) -> str | None:
+    """What a stage's ``final/`` holds where it is the best evaluation's model and not the
+    last step's (``load_best_model_at_end``); None otherwise."""
+    path = Path(final_dir) / "trainer_state.json"
+    if not path.is_file():
+        return None
+    state = json.loads(path.read_text(encoding="utf-8"))
+    best = state.get("best")
+    if not best or "last_step" not in state:
+        return None
+    cfg = state.get("config", {})
+    prompts = f"{cfg.get('eval_data')} ({cfg.get('eval_split')} split)"
+    return (
+        f"{stage}'s result is its step {best['step']} of {state['last_step']}: the best "
+        f"{best['metric']} ({best['value']:.3f}) of its evaluations on {prompts}, kept by "
+        "metric_for_best_model; the last step's model is in its newest checkpoint."
+    )
+
+
 def _overoptimization_lines(
-    result: Mapping[str, Any], ppo_points: Sequence[Mapping[str, Any]], run_dir: Path
+    result: Mapping[str, Any],
+    ppo_points: Sequence[Mapping[str, Any]],
+    run_dir: Path,
+    ppo_dir: str | Path | None,
 ) -> list[str]:
     """Gold and proxy against KL: the plot, PPO's evaluation points and best-of-n's curve."""
     cfg = result.get("config", {})
@@ -361,6 +383,8 @@ def _overoptimization_lines(
         lines += ["PPO evaluation points:", "", format_table(ppo_points), ""]
         verdict = overoptimization_sentence(ppo_points)
         lines += [verdict, ""] if verdict else []
+    chosen = None if ppo_dir is None else chosen_step_sentence("PPO", Path(ppo_dir) / "final")
+    lines += [markdown_cell(chosen), ""] if chosen else []
     if result.get("best_of_n"):
         lines += [
             f"Best-of-n of the SFT model, picked by the reward model, on the first "
@@ -486,7 +510,7 @@ def write_report(
     lines = [
         *_results_lines(result, title),
         *_pass_rate_lines(result.get("pass_rates")),
-        *_overoptimization_lines(result, ppo_points, run_dir),
+        *_overoptimization_lines(result, ppo_points, run_dir, stage_dirs.get("ppo")),
         *(_rounds_lines(rounds, run_dir) if len(rounds) > 1 else []),
         *_curves_lines(stage_dirs, run_dir),
         "## Samples side by side (gold score in bold)",
