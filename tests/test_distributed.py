@@ -193,6 +193,22 @@ def test_fsdp_shards_the_trained_models_and_trains_as_ddp(stage, model, data, tm
         t.numel() for t in whole.values()) for half in halves)  # fmt: skip
 
 
+def test_two_processes_keep_the_best_model_one_process_keeps(model, data, tmp_path):
+    # nll falls at every step here; the highest is asked for, so that final/ is a copy of an
+    # earlier step's best/ and not the last step's model.
+    best = ["--eval_data", data["demos"], "--max_eval_samples", "8", "--eval_every", "1",
+            "--metric_for_best_model", "eval/nll", "--greater_is_better", "true",
+            "--load_best_model_at_end", "true"]  # fmt: skip
+    _run(1, "sft", [*_stage_args("sft", model, data, 8), *best, "--output_dir", "one"], tmp_path)
+    for name, fsdp in (("ddp", "false"), ("fsdp", "true")):
+        args = [*_stage_args("sft", model, data, 4), *best, "--fsdp", fsdp]
+        _run(2, "sft", [*args, "--output_dir", name], tmp_path)
+        _assert_same_weights(tmp_path / "one", tmp_path / name, atol=1e-5)
+        state = json.loads((tmp_path / name / "final" / "trainer_state.json").read_text())
+        assert state["best"]["step"] == 1 and state["last_step"] == 3, name
+        assert (tmp_path / name / "best" / "manifest.json").is_file()
+
+
 def test_fsdp_with_lora_writes_a_merged_model(model, data, tmp_path):
     args = [*_stage_args("sft", model, data, 4), "--lora", "true", "--lora_r", "4"]
     _run(2, "sft", [*args, "--output_dir", "lora", "--fsdp", "true"], tmp_path)
