@@ -66,6 +66,20 @@ def _trainer(model_dir, tokenizer, out, no_dropout=False, **overrides):
     return ToyLMTrainer(config, model, _data(len(tokenizer)), _collate, tokenizer=tokenizer)
 
 
+def _fail_in_step(trainer, step, message):
+    """Train ``trainer`` until its loss raises a RuntimeError(``message``) in step ``step``."""
+    compute_loss = trainer.compute_loss
+
+    def fails(batch):
+        if trainer.state.step == step - 1:
+            raise RuntimeError(message)
+        return compute_loss(batch)
+
+    trainer.compute_loss = fails
+    with pytest.raises(RuntimeError, match=message):
+        trainer.train()
+
+
 def _weights(trainer):
     return {k: v.detach().cpu().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
 
@@ -137,16 +151,7 @@ def test_a_run_stopped_by_an_error_says_so_and_the_next_start_clears_it(
     tiny_model_dir, tiny_tokenizer, tmp_path
 ):
     broken = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=2)
-    compute_loss = broken.compute_loss
-
-    def fails_at_step_three(batch):
-        if broken.state.step == 3:
-            raise RuntimeError("the reward server went away")
-        return compute_loss(batch)
-
-    broken.compute_loss = fails_at_step_three
-    with pytest.raises(RuntimeError):
-        broken.train()
+    _fail_in_step(broken, 4, "the reward server went away")
     failure = json.loads((tmp_path / "failed.json").read_text())
     assert failure == {"step": 3, "error": "RuntimeError: the reward server went away"}
     resumed = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=2, resume=True)
@@ -309,16 +314,7 @@ def test_a_resumed_run_chooses_the_same_best_model_as_an_uninterrupted_one(
     # Interrupted after step 4's evaluation wrote best/ and before step 5 ended: the newest
     # checkpoint (step 3) names step 2 as the best, and best/ holds step 4.
     broken = _scored(tiny_model_dir, tiny_tokenizer, tmp_path / "b", **fields)
-    compute_loss = broken.compute_loss
-
-    def fails_at_step_five(batch):
-        if broken.state.step == 4:
-            raise RuntimeError("killed")
-        return compute_loss(batch)
-
-    broken.compute_loss = fails_at_step_five
-    with pytest.raises(RuntimeError):
-        broken.train()
+    _fail_in_step(broken, 5, "killed")
     assert _state(tmp_path / "b" / "best")["best_step"] == 4
     assert _state(tmp_path / "b" / "checkpoint-3")["best_step"] == 2
     resumed = _scored(tiny_model_dir, tiny_tokenizer, tmp_path / "b", **fields)
