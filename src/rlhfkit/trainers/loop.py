@@ -750,7 +750,7 @@ class Trainer:
         with (`stored_as_trained`), the tokenizer, and the trainer state with `notes` added."""
         with self.whole_models():
             if self.accelerator.is_main_process:
-                with atomic_dir(path) as tmp, self.stored_as_trained():
+                with atomic_dir(path) as tmp, self.stored_as_trained(path.name):
                     self.save_model(tmp)
                     ckpt.write_json({**self._state_json(), **notes}, tmp / ckpt.STATE_FILE)
 
@@ -759,10 +759,11 @@ class Trainer:
         return {self.learner_name: self.config.model}
 
     @contextmanager
-    def stored_as_trained(self) -> Iterator[None]:
+    def stored_as_trained(self, written: str) -> Iterator[None]:
         """While inside, each trained model that started from weights stored in bf16 holds
         its weights in bf16, when the run trained under bf16 autocast with full fine-tuning:
-        ``final/`` then keeps the model its forward passes computed with. Its float32 master
+        ``final/`` (or ``best/``, the directory named ``written``) then keeps the model its
+        forward passes computed with. Its float32 master
         weights also hold updates below bf16's resolution that no pass saw, which read in
         float32 make another model (docs/instructions.md, "Measuring KL"); the checkpoints
         keep them, for an exact resume. A LoRA model is saved in float32: its adapter ran
@@ -777,7 +778,7 @@ class Trainer:
                     if stored_dtype(source) == torch.bfloat16:
                         model = self.accelerator.unwrap_model(models[name])
                         stack.enter_context(parameters_cast(model, torch.bfloat16))
-                        logger.info("final/: the %s in bf16, as %s stores it", name, source)
+                        logger.info("%s/: the %s in bf16, as %s stores it", written, name, source)
             yield
 
     def on_train_end(self) -> None:
