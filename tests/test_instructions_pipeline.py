@@ -18,6 +18,7 @@ from rlhfkit.config import ConfigError, load_config
 from rlhfkit.evaluation.measures import PolicySamples, pass_rates
 from rlhfkit.evaluation.report import load_eval, write_report
 from rlhfkit.pipeline.config import PipelineConfig, stage_configs
+from rlhfkit.pipeline.rounds import round_summaries
 from rlhfkit.pipeline.run import run_pipeline
 from rlhfkit.tasks import BREAKDOWNS, INSTRUCTIONS_DATA_DIR
 
@@ -211,12 +212,17 @@ def test_the_rounds_config_runs_and_each_round_ends_with_its_best_policy(tmp_pat
         round_ppo={**full.round_ppo, **SMALL["ppo"], **best},
         **sections,
     )
-    run_pipeline(config)
+    report = run_pipeline(config)
+    kept = []
     for ppo in (config.run_dir / "ppo", config.run_dir / "round_2" / "ppo"):
         state = ckpt.read_json(ppo / "final" / ckpt.STATE_FILE)
         assert state["complete"] and state["best"]["metric"] == "eval/gold"
         assert state["best"]["step"] in (1, 2) and state["step"] == state["best"]["step"]
         assert ckpt.verify(ppo / "best")
+        kept.append(state["best"]["step"])
+    summaries = round_summaries(config, stage_configs(config))
+    assert [summary["ppo_kept"] for summary in summaries] == kept
+    assert "| ppo_kept |" in report.read_text()
     result = load_eval(config.run_dir / "eval.json")
     assert {r["model"] for r in result["rows"]} >= {"ppo", "ppo_round2"}
 

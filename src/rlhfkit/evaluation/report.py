@@ -438,6 +438,7 @@ def _round_row(summary: Mapping[str, Any]) -> dict[str, Any]:
         "final_gold": last.get("gold"),
         "final_reward": last.get("reward"),
         "final_kl": last.get("kl"),
+        "ppo_kept": summary.get("ppo_kept"),
     }
 
 
@@ -480,7 +481,9 @@ def _rounds_lines(rounds: Sequence[Mapping[str, Any]], run_dir: Path) -> list[st
         "comparisons (`accuracy_on` says held-out or training ones) against the labels, "
         "`_gold` against the gold judge's order. `best_gold`, `kl_at_best`: the PPO "
         "evaluation point with the highest gold score; `final_*`: the last point "
-        "(`final_reward` by the round's own reward model).",
+        "(`final_reward` by the round's own reward model). `ppo_kept`: the iteration whose "
+        "policy the round's PPO kept as its result (the last, or with "
+        "`metric_for_best_model` its best evaluation's), which the next round samples.",
         "",
         f"![gold and proxy against KL per round]({png.relative_to(run_dir)})",
         "",

@@ -427,6 +427,7 @@ def round_summaries(config: PipelineConfig, stages: Stages, samples: int = 4) ->
         "policy_from": "sft",
         "comparisons_from": config.data(config.reward_data),
         "points": ppo_points(config.run_dir / PPO_EVAL_DIR),
+        "ppo_kept": _kept_step(stages.ppo.final_dir),
     }
     out = [first]
     for rnd in stages.rounds:
@@ -440,9 +441,16 @@ def round_summaries(config: PipelineConfig, stages: Stages, samples: int = 4) ->
                 "accuracy": _read(rnd.path(RM_ACCURACY)),
                 "points": ppo_points(rnd.path(PPO_EVAL_DIR)),
                 "samples": _labelled_samples(rnd, samples),
+                "ppo_kept": _kept_step(rnd.ppo.final_dir),
             }
         )
     return out
+
+
+def _kept_step(final_dir: Path) -> int | None:
+    """The step whose policy a PPO ``final/`` holds (None before it is written)."""
+    state = _read(Path(final_dir) / ckpt.STATE_FILE)
+    return None if state is None else state["step"]
 
 
 def _read(path: Path) -> dict | None:
