@@ -707,11 +707,8 @@ class Trainer:
             ckpt.verify(best)
             saved = ckpt.read_json(best / ckpt.STATE_FILE)
             with atomic_dir(self.config.final_dir) as tmp:
-                for item in best.iterdir():
-                    if item.name in (ckpt.MANIFEST_FILE, ckpt.STATE_FILE):
-                        continue
-                    copy = shutil.copytree if item.is_dir() else shutil.copy2
-                    copy(item, tmp / item.name)
+                own = shutil.ignore_patterns(ckpt.MANIFEST_FILE, ckpt.STATE_FILE)
+                shutil.copytree(best, tmp, ignore=own, dirs_exist_ok=True)
                 state = {**saved, "complete": True, "last_step": self.state.step}
                 ckpt.write_json(state, tmp / ckpt.STATE_FILE)
         self.accelerator.wait_for_everyone()
@@ -762,11 +759,11 @@ class Trainer:
     def stored_as_trained(self, written: str) -> Iterator[None]:
         """While inside, each trained model that started from weights stored in bf16 holds
         its weights in bf16, when the run trained under bf16 autocast with full fine-tuning:
-        ``final/`` (or ``best/``, the directory named ``written``) then keeps the model its
-        forward passes computed with. Its float32 master
-        weights also hold updates below bf16's resolution that no pass saw, which read in
-        float32 make another model (docs/instructions.md, "Measuring KL"); the checkpoints
-        keep them, for an exact resume. A LoRA model is saved in float32: its adapter ran
+        ``final/`` (or ``best/``: the directory named ``written``) then keeps the model its
+        forward passes computed with. Its float32 master weights also hold updates below
+        bf16's resolution that no pass saw, which read in float32 make another model
+        (docs/instructions.md, "Measuring KL"); the checkpoints keep them, for an exact
+        resume. A LoRA model is saved in float32: its adapter ran
         beside the rounded base weights, and folded into them in bf16 would mostly round
         away."""
         with ExitStack() as stack:
