@@ -763,9 +763,8 @@ class Trainer:
         forward passes computed with. Its float32 master weights also hold updates below
         bf16's resolution that no pass saw, which read in float32 make another model
         (docs/instructions.md, "Measuring KL"); the checkpoints keep them, for an exact
-        resume. A LoRA model is saved in float32: its adapter ran
-        beside the rounded base weights, and folded into them in bf16 would mostly round
-        away."""
+        resume. A LoRA model is saved in float32: its adapter ran beside the rounded base
+        weights, and folded into them in bf16 would mostly round away."""
         with ExitStack() as stack:
             if self.runtime.bf16 and not self.config.lora:
                 models = {
