@@ -343,7 +343,7 @@ def overoptimization_sentence(points: Sequence[Mapping[str, Any]]) -> str | None
     )
 
 
-def chosen_step_sentence(stage: str, final_dir: str | Path) -> str | None:
+def _chosen_step_sentence(stage: str, final_dir: str | Path) -> str | None:
     """What a stage's ``final/`` holds where it is the best evaluation's model and not the
     last step's (``load_best_model_at_end``); None otherwise."""
     path = Path(final_dir) / "trainer_state.json"
@@ -383,7 +383,7 @@ def _overoptimization_lines(
         lines += ["PPO evaluation points:", "", format_table(ppo_points), ""]
         verdict = overoptimization_sentence(ppo_points)
         lines += [verdict, ""] if verdict else []
-    chosen = None if ppo_dir is None else chosen_step_sentence("PPO", Path(ppo_dir) / "final")
+    chosen = None if ppo_dir is None else _chosen_step_sentence("PPO", Path(ppo_dir) / "final")
     lines += [markdown_cell(chosen), ""] if chosen else []
     if result.get("best_of_n"):
         lines += [
