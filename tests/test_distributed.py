@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.experience.generation import SamplingConfig, generate
 from rlhfkit.tracking import read_jsonl
 
@@ -249,6 +251,40 @@ def test_a_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(
     assert "resumed from" in _run(2, stage, resumed, tmp_path).stderr
     _assert_same_weights(tmp_path / "straight", tmp_path / "killed", atol=0.0)
     assert _steps(tmp_path / "killed") == [1, 2, 3, 4]
+
+
+def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_a_checkpoint(
+    model, data, tmp_path
+):
+    """torchrun passes its SIGTERM on to its workers, each at its own moment: they agree on
+    one step, write its checkpoint together (FSDP: each process its optimiser shard), and the
+    run resumes from it to the uninterrupted run's model."""
+    args = [*_rl_args("ppo", model, data), "--max_steps", "12", "--batch_size", "4",
+            "--top_k", "0", "--fsdp", "true"]  # fmt: skip
+    _run(2, "ppo", [*args, "--output_dir", "straight"], tmp_path)
+    stopped = [*args, "--output_dir", "stopped"]
+    process = subprocess.Popen(_command(2, "ppo", stopped), cwd=tmp_path, env=ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    metrics = tmp_path / "stopped" / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.is_file() and metrics.read_text().count("\n") >= 2:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode != 0, "the run ended before the SIGTERM"
+    assert stderr.count("rlhfkit ppo: stopped by SIGTERM after step") == 1, stderr[-4000:]
+    checkpoint = ckpt.latest_checkpoint(tmp_path / "stopped")
+    step = ckpt.read_json(checkpoint / ckpt.STATE_FILE)["step"]
+    assert sorted(p.name for p in checkpoint.glob("rng_state_*")) == [
+        "rng_state_0.safetensors",
+        "rng_state_1.safetensors",
+    ]
+    assert _steps(tmp_path / "stopped")[-1] == step < 12
+    assert "resumed from" in _run(2, "ppo", stopped, tmp_path).stderr
+    _assert_same_weights(tmp_path / "straight", tmp_path / "stopped", atol=0.0)
+    assert _steps(tmp_path / "stopped") == list(range(1, 13))
 
 
 def test_a_checkpoint_resumes_only_on_the_launch_that_wrote_it(model, data, tmp_path):

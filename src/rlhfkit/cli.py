@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.errors import RunError, UsageError
+from rlhfkit.errors import RunError, Terminated, UsageError
+from rlhfkit.runtime.termination import sigterm_raises
 from rlhfkit.text import terminal_text
 
 DEBUG_ENV = "RLHFKIT_DEBUG"
@@ -401,27 +402,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     resolved = _resolve(name)
     light = resolved is not None and resolved[1].light
     try:
-        if "--verbose" not in flags and not light:
-            from rlhfkit.tracking import hide_library_progress_bars
-
-            hide_library_progress_bars()
-        if "--bounded-memory" in flags:  # before any model is loaded, or too late
-            from rlhfkit.runtime.allocator import bound_held_memory
-
-            bound_held_memory()
-        result, config = run_command(name, args)
-        if not light:
-            from rlhfkit.runtime.distributed import leave_process_group
-
-            leave_process_group()  # under a launcher: every process done before any exits
+        with sigterm_raises():
+            result, config = _run(name, args, flags, light)
     except KeyboardInterrupt:
         print(f"\nrlhfkit {name}: interrupted", file=sys.stderr)
         return 130
+    except Terminated as stop:  # every process stopped at one step; the first one says so
+        if main_process:
+            print(f"rlhfkit {name}: {terminal_text(str(stop))}", file=sys.stderr)
+        return Terminated.exit_code
     except Exception as error:  # the one error path
         return _fail(name, error, debug)
     if main_process:
         _print_summary(name, config, result)
     return 0
+
+
+def _run(name: str, args: list[str], flags: set[str], light: bool) -> tuple[Any, Any]:
+    """Run command ``name`` on ``args``: its result and config."""
+    if "--verbose" not in flags and not light:
+        from rlhfkit.tracking import hide_library_progress_bars
+
+        hide_library_progress_bars()
+    if "--bounded-memory" in flags:  # before any model is loaded, or too late
+        from rlhfkit.runtime.allocator import bound_held_memory
+
+        bound_held_memory()
+    result, config = run_command(name, args)
+    if not light:
+        from rlhfkit.runtime.distributed import leave_process_group
+
+        leave_process_group()  # under a launcher: every process done before any exits
+    return result, config
 
 
 def _fail(name: str, error: Exception, debug: bool) -> int:

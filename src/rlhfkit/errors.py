@@ -1,4 +1,5 @@
-"""The failures rlhfkit anticipates, in the two kinds the command line tells apart.
+"""The failures rlhfkit anticipates, in the two kinds the command line tells apart, and the stop
+it is told to make (`Terminated`).
 
 `UsageError`: what the user gave cannot work - a data file, a model path, a reward function
 spec, a length the model cannot hold. `rlhfkit` prints the message and exits with 2, as it
@@ -17,6 +18,16 @@ class UsageError(ValueError):
 
 class RunError(RuntimeError):
     """An anticipated failure during a run; the message names what failed and on what."""
+
+
+class Terminated(BaseException):
+    """The process was told to stop (SIGTERM: a scheduler's preemption or time limit, `kill`,
+    torchrun passing on its own). No failure: a `BaseException`, as `KeyboardInterrupt` is, so
+    that what records a failure lets it pass while every `finally` runs. The message says
+    where the run stopped and what resumes it; `rlhfkit` prints it and exits with 143 (128 +
+    SIGTERM), as a shell reports a process SIGTERM ended (`runtime/termination.py`)."""
+
+    exit_code = 143
 
 
 class NonFiniteError(RunError):

@@ -243,8 +243,8 @@ TRAINING_ARGUMENTS: dict[str, Answer] = {
     ),
     "save_total_limit": ours("keep_last"),
     "enable_jit_checkpoint": missing(
-        "no checkpoint is written on SIGTERM; --save_every bounds "
-        "what a killed run loses, and it resumes from the last one"
+        "SIGTERM always stops a run after the step under way, with a checkpoint "
+        "of that step (exit code 143); a second SIGTERM stops at once"
     ),
     "push_to_hub": _HUB,
     "hub_token": _HUB,

@@ -12,8 +12,8 @@ config, saved as JSON in ``arms/``, so an arm trains exactly what the pipeline w
 trained in-process: same derived config, same seed, same resume from its newest checkpoint.
 ``arms/<stage>.log`` holds its log, and ``arms/<stage>.json`` the seconds it took and its peak
 memory. A failing arm stops the pipeline at the wait with its message and the log's path; a
-pipeline that stops, by an error or Ctrl-C, stops the arms it started (their checkpoints are
-kept, and the next start resumes them).
+pipeline that stops, by an error, Ctrl-C or SIGTERM, stops the arms it started (SIGTERM,
+then SIGKILL after a grace; their checkpoints are kept, and the next start resumes them).
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from pathlib import Path
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import load_config
-from rlhfkit.errors import RunError, UsageError
+from rlhfkit.errors import RunError, Terminated, UsageError
 from rlhfkit.pipeline.config import PipelineConfig, stage_configs
 from rlhfkit.pipeline.runners import RUNNERS
 from rlhfkit.runtime.allocator import peak_resident_gib
+from rlhfkit.runtime.termination import sigterm_raises
 from rlhfkit.tracking import hide_library_progress_bars
 
 logger = logging.getLogger(__name__)
@@ -133,10 +134,14 @@ def run_arm(config_path: str, stage: str) -> int:
     )
     hide_library_progress_bars()
     try:
-        config = load_config(PipelineConfig, config_path)
-        started = time.perf_counter()
-        RUNNERS[stage](config, stage_configs(config))
-        seconds = time.perf_counter() - started
+        with sigterm_raises():
+            config = load_config(PipelineConfig, config_path)
+            started = time.perf_counter()
+            RUNNERS[stage](config, stage_configs(config))
+            seconds = time.perf_counter() - started
+    except Terminated as stop:
+        logger.warning("%s: %s", stage, stop)
+        return Terminated.exit_code
     except Exception as error:  # the parent reports the message, from this log
         logger.error("%s", str(error).strip() or type(error).__name__)
         logger.info("where it failed:", exc_info=True)

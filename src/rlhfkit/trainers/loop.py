@@ -49,7 +49,9 @@ bytes, and the record of the failure (`failed.json`) never hides the failure its
 
 One writer per directory: the run holds `run.lock` in `output_dir` while it trains
 (`runtime/output_lock.py`), so a second start there is refused naming the first; under
-torchrun, every process stops at the next step boundary once its launcher is gone.
+torchrun, every process stops at the next step boundary once its launcher is gone. SIGTERM (a
+scheduler's preemption or time limit) stops the run at the end of the step under way, every
+process at the same step, with a checkpoint of it (`runtime/termination.py`).
 
 Non-finite numbers: a loss or gradient norm that is NaN or inf (and for PPO and GRPO a score,
 advantage, value or KL of a rollout) stops the run at that step with a `RunError` naming it,
@@ -97,7 +99,7 @@ from torch import nn
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.config import TrainConfig
-from rlhfkit.errors import NonFiniteError, RunError, UsageError, require_finite
+from rlhfkit.errors import NonFiniteError, RunError, Terminated, UsageError, require_finite
 from rlhfkit.models.loading import check_model_source, stored_dtype
 from rlhfkit.runtime.distributed import sum_over_ranks
 from rlhfkit.runtime.machine import Runtime, parameters_cast
@@ -107,6 +109,7 @@ from rlhfkit.runtime.sharding import (
     load_local_optimizer_state,
     local_optimizer_state,
 )
+from rlhfkit.runtime.termination import sigterm_deferred
 from rlhfkit.tracking import Tracker, format_metrics
 from rlhfkit.trainers.optim import Learner, MinibatchLearner, accumulate, build_optimizer
 
@@ -430,7 +433,8 @@ class Trainer:
             self.state.total_steps, self.state.step, type(self).__name__, self.watch
         )
         try:
-            self._run_steps(target)
+            with sigterm_deferred() as asked:
+                self._run_steps(target, asked)
             if self.state.step < self.state.total_steps:  # stopped early: resumable from here
                 if self._saved_at != self.state.step:
                     self.save_checkpoint()
@@ -498,16 +502,16 @@ class Trainer:
             broadcast_object_list(choice)
         return None if choice[0] is None else Path(choice[0])
 
-    def _check_launcher(self) -> None:
-        """A `RunError` on every process once the launcher of any is gone (one collective, so
-        that all stop at the same step): a new start on this directory must not race workers
-        that lost theirs."""
-        if self.launcher is None:
-            return
-        gone = not launcher_alive(self.launcher)
+    def _at_step_boundary(self, asked: Callable[[], bool]) -> None:
+        """Stop every process at this step once any of them was told to (SIGTERM,
+        ``asked()``: a checkpoint, then `Terminated`) or lost its launcher (a `RunError`: a
+        new start on this directory must not race workers that lost theirs). One collective
+        on several processes, so that all stop at the same step."""
+        gone = self.launcher is not None and not launcher_alive(self.launcher)
+        stop = asked()
         if self.accelerator.num_processes > 1:
-            flag = torch.tensor(float(gone), device=self.accelerator.device)
-            gone = bool(sum_over_ranks(flag).item())
+            flags = torch.tensor([float(gone), float(stop)], device=self.accelerator.device)
+            gone, stop = (bool(flag) for flag in sum_over_ranks(flags).tolist())
         if gone:
             raise RunError(
                 f"the launcher that started this run (torchrun, pid {self.launcher} for process "
@@ -515,14 +519,29 @@ class Trainer:
                 f"{self.state.step + 1} instead of training on without it. Start it again to "
                 f"resume {self.output_dir} from its newest checkpoint"
             )
+        if stop:
+            raise Terminated(self._stopped_here())
 
-    def _run_steps(self, target: int) -> None:
+    def _stopped_here(self) -> str:
+        """Write a checkpoint of this step unless there is one; the message of the stop."""
+        step, total = self.state.step, self.state.total_steps
+        if self._saved_at != step and step > 0:
+            self.save_checkpoint()
+        latest = ckpt.latest_checkpoint(self.output_dir)
+        if latest is None:
+            return f"stopped by SIGTERM at step {step} of {total}, before any checkpoint"
+        return (
+            f"stopped by SIGTERM after step {step} of {total}; {latest} resumes it: run the "
+            f"same command again"
+        )
+
+    def _run_steps(self, target: int, asked: Callable[[], bool]) -> None:
         self.model.train()
         cfg = self.config
         sums: dict[str, float] = {}
         count = 0
         while self.state.step < target:
-            self._check_launcher()
+            self._at_step_boundary(asked)
             started = time.perf_counter()
             metrics = self._guarded_step()
             if metrics is not None:
@@ -538,6 +557,7 @@ class Trainer:
                 self._keep_if_best(self.run_evaluation())
             if cfg.save_every and self.state.step % cfg.save_every == 0:
                 self.save_checkpoint()
+        self._at_step_boundary(asked)
 
     def _guarded_step(self) -> dict[str, float] | None:
         """`train_step`, or None for a step skipped because a quantity in it was not finite.
