@@ -218,7 +218,8 @@ def test_the_rounds_config_runs_and_each_round_ends_with_its_best_policy(tmp_pat
         state = ckpt.read_json(ppo / "final" / ckpt.STATE_FILE)
         assert state["complete"] and state["best"]["metric"] == "eval/gold"
         assert state["best"]["step"] in (1, 2) and state["step"] == state["best"]["step"]
-        assert ckpt.verify(ppo / "best")
+        assert ckpt.verify(ppo / "final")
+        assert not (ppo / "best").exists()  # final/ is its copy, the stage finished: deleted
         kept.append(state["best"]["step"])
     summaries = round_summaries(config, stage_configs(config))
     assert [summary["ppo_kept"] for summary in summaries] == kept

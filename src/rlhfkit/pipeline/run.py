@@ -65,6 +65,7 @@ from rlhfkit.pipeline.rounds import (
 )
 from rlhfkit.runtime.allocator import peak_resident_gib, release_freed_memory
 from rlhfkit.runtime.distributed import rank
+from rlhfkit.trainers.loop import BEST_DIR
 
 logger = logging.getLogger(__name__)
 
@@ -163,14 +164,17 @@ def run_pipeline(config: PipelineConfig) -> Path | LabelsPending:
 
 def _delete_finished_checkpoints(stages: Stages) -> None:
     """Delete the checkpoints of every stage whose ``final/`` is complete (``keep_checkpoints``
-    off): a finished stage is skipped, never resumed. An arm still training is not complete."""
+    off): a finished stage is skipped, never resumed. An arm still training is not complete.
+    With ``load_best_model_at_end`` its ``best/`` goes too: ``final/`` is a copy of it."""
     if rank() != 0:
         return
     for stage in _trained(stages):
         if ckpt.is_complete(stage.output_dir):
-            for old in ckpt.checkpoint_dirs(stage.output_dir):
-                logger.info("%s is finished: deleting %s", stage.output_dir, old.name)
-                shutil.rmtree(old)
+            copied = [Path(stage.output_dir) / BEST_DIR] if stage.load_best_model_at_end else []
+            for old in [*ckpt.checkpoint_dirs(stage.output_dir), *copied]:
+                if old.is_dir():
+                    logger.info("%s is finished: deleting %s", stage.output_dir, old.name)
+                    shutil.rmtree(old)
 
 
 def _start_arms(arms: Arms, stages: Stages) -> None:
