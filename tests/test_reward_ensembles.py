@@ -1,5 +1,6 @@
 """Reward-model ensembles: `reward_model` as a list of directories, their scores combined by
-`reward_ensemble` (`EnsembleScorer`), in every command that scores and in `rlhfkit eval`."""
+`reward_ensemble` (`EnsembleScorer`), in every command that scores and in `rlhfkit eval`; a run
+logs each member's scores beside their combination."""
 
 import json
 import subprocess
@@ -16,9 +17,11 @@ from rlhfkit.evaluation.measures import reward_model_accuracy
 from rlhfkit.experience.scorer_loading import build_scorer, load_reward_scorer
 from rlhfkit.experience.scorers import (
     EnsembleScorer,
+    FunctionScorer,
     RewardModelScorer,
     ScoreInput,
     WeightedScorer,
+    distinct_keys,
 )
 from rlhfkit.interact.sampling import BestOfNConfig
 from rlhfkit.models.loading import RewardModel
@@ -76,6 +79,40 @@ def test_an_ensemble_counts_as_one_scorer_beside_reward_functions(members, tiny_
     assert isinstance(scorer, WeightedScorer) and len(scorer.parts) == 2
     digits = build_scorer(None, ["digits"])
     torch.testing.assert_close(scorer(batch), 2.0 * ensemble(batch) + digits(batch))
+
+
+def test_scored_gives_each_members_and_each_terms_scores(members, tiny_tokenizer):
+    batch = _batch(tiny_tokenizer, [" 12 and 7", " a fine day", " 3", " nice"])
+    each = [load_reward_scorer(p, tiny_tokenizer)(batch) for p in members]
+    ensemble = build_scorer(members, ensemble="min", tokenizer=tiny_tokenizer)
+    total, parts = ensemble.scored(batch)
+    assert list(parts) == ["reward_model_0", "reward_model_1"]
+    torch.testing.assert_close(parts["reward_model_1"], each[1])
+    torch.testing.assert_close(total, torch.minimum(each[0], each[1]))
+
+    scorer = build_scorer(members, ["digits"], [2.0, 0.5], tokenizer=tiny_tokenizer)
+    total, parts = scorer.scored(batch)
+    digits = build_scorer(None, ["digits"])(batch)
+    assert list(parts) == [
+        "reward_models",
+        "reward_models/reward_model_0",
+        "reward_models/reward_model_1",
+        "digits",
+    ]
+    torch.testing.assert_close(parts["digits"], digits)  # unweighted: the term's own score
+    torch.testing.assert_close(total, 2.0 * parts["reward_models"] + 0.5 * digits)
+    torch.testing.assert_close(total, scorer(batch))
+    assert build_scorer(None, ["digits"]).scored(batch)[1] == {}  # one part: none to show
+
+
+def test_part_keys_are_metric_names_and_distinct():
+    two = [FunctionScorer(lambda p, r: [0.0] * len(p), name="my.mod:fn") for _ in range(2)]
+    assert two[0].key == "my.mod_fn"
+    assert distinct_keys([*two, FunctionScorer(len, name="gold")]) == [
+        "my.mod_fn_0",
+        "my.mod_fn_1",
+        "gold",
+    ]
 
 
 def test_comparisons_need_members_that_read_the_same_tokens(members, tiny_tokenizer):
@@ -185,4 +222,9 @@ def test_ppo_trains_against_an_ensemble_from_the_command_line(tmp_path, members,
     saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
     assert saved["reward_model"] == members and saved["reward_ensemble"] == "min"
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    assert any("train/score/mean" in row for row in logged)
+    rows = [row for row in logged if "train/score/mean" in row]
+    assert len(rows) == 2
+    for row in rows:  # each member's own mean beside the ensemble's: min <= each member's
+        members_mean = [row[f"train/score/reward_model_{i}/mean"] for i in (0, 1)]
+        assert row["train/score/mean"] <= min(members_mean) + 1e-6
+        assert row["train/score/reward_model_0/std"] >= 0

@@ -94,6 +94,9 @@ class Rollout:
     # skip_uniform_groups; they ran out of tokens: mask_truncated); None keeps every row
     kept: torch.Tensor | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds per phase
+    # (B,) raw scores of each part of a scorer of several, by key (an ensemble's members, a
+    # sum's terms: ``Scorer.scored``); {} for a scorer of one part
+    score_parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.query.shape[0]
@@ -120,10 +123,13 @@ class Rollout:
         picked = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name != "timings" and value is not None:
+            if f.name == "timings":  # of the whole batch
+                continue
+            if isinstance(value, dict):
+                value = {key: part[index] for key, part in value.items()}
+            elif value is not None:
                 value = [value[i] for i in rows] if isinstance(value, list) else value[index]
             picked[f.name] = value
-        picked.pop("timings")
         first = int(picked["query_mask"].any(0).nonzero().min())
         end = int(picked["response_mask"].any(0).nonzero().max()) + 1
         for name in _QUERY_FIELDS:
@@ -404,7 +410,8 @@ class ExperienceMaker:
         )
         policy_pass = settings.policy_pass or settings.has_critic or kl_coef > 0
         passes = self._passes(query, query_mask, out, batch, policy_pass)  # 2
-        logprobs, entropy, values, ref_logprobs, raw_scores, timings["score"] = passes
+        logprobs, entropy, values, ref_logprobs, scored, timings["score"] = passes
+        raw_scores, score_parts = scored
         timings["forward"] = time.perf_counter() - started
         moments = moments or RunningMoments()
         scores = process_scores(raw_scores, out.eos_emitted, settings.scores, moments)  # 3
@@ -434,6 +441,7 @@ class ExperienceMaker:
             responses=batch.responses,
             kept=rows_in_loss(settings, scores, out.eos_emitted),
             timings=timings,
+            score_parts=score_parts,
         )
 
     def _rewards(self, scores, logprobs, ref_logprobs, mask, kl_coef) -> tuple:
@@ -485,9 +493,9 @@ class ExperienceMaker:
         def reference() -> torch.Tensor:
             return torch.cat([_reference_logprobs(models, *chunk, temperature) for chunk in chunks])
 
-        def score() -> tuple[torch.Tensor, float]:
+        def score() -> tuple[tuple[torch.Tensor, dict[str, torch.Tensor]], float]:
             started = time.perf_counter()
-            return self.scorer(batch), time.perf_counter() - started
+            return self.scorer.scored(batch), time.perf_counter() - started
 
         passes = {"score": score}
         if policy_pass:
@@ -613,6 +621,9 @@ def rollout_stats(rollout: Rollout, group_size: int = 1) -> dict[str, float]:
         "response/eos_rate": rollout.eos_emitted.float().mean().item(),
         **{f"time/{phase}": seconds for phase, seconds in rollout.timings.items()},
     }
+    for key, scores in rollout.score_parts.items():
+        stats[f"score/{key}/mean"] = scores.float().mean().item()
+        stats[f"score/{key}/std"] = scores.float().std().item() if len(rollout) > 1 else 0.0
     if rollout.kl is not None:  # KL(pi || ref) per response: summed over its tokens
         stats["kl/ref"] = rollout.kl.sum(1).mean().item()
     if rollout.entropy is not None:

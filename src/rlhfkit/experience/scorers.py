@@ -6,7 +6,9 @@ another model family), an ensemble of reward models (their scores combined by
 ``ops.combine_scores``), any Python callable ``f(prompts, responses) -> list[float]``, or a
 weighted sum of several: all give ``scores`` (B,) through one interface, ``Scorer``. A
 non-finite score, a value that is no number, a raising callable is a ``ScoreError`` that names
-the sample (index, prompt and response); a wrong number of scores names the counts.
+the sample (index, prompt and response); a wrong number of scores names the counts. A scorer
+of several (an ensemble, a sum) also gives each part's scores by name (``Scorer.scored``), so
+that a run shows what each reward model and function gave, not only their combination.
 ``scorer_loading.py`` turns what a user names into a scorer. How scores become PPO's per-token
 rewards is ``rewards.py``.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import numbers
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -102,8 +105,25 @@ class Scorer(ABC):
             model.to(device)
         return self
 
+    @property
+    def key(self) -> str:
+        """The scorer's name as a metric's name: ``score/<key>/mean`` where a run logs it as a
+        part (``scored``)."""
+        return re.sub(r"[^\w.-]+", "_", self.name).strip("_") or "scorer"
+
+    def score_parts(self, batch: ScoreInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``score``, and the (B,) scores of the parts it combines by key: none here; a scorer
+        of several overrides it."""
+        return self.score(batch), {}
+
     def __call__(self, batch: ScoreInput) -> torch.Tensor:
-        scores = self.score(batch)
+        return self.scored(batch)[0]
+
+    def scored(self, batch: ScoreInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(B,) checked float scores for ``batch``, and each part's (B,) scores by key (an
+        ensemble's members, a sum's terms unweighted, nested as ``term/member``; {} for a
+        scorer of one part)."""
+        scores, parts = self.score_parts(batch)
         expected = (len(batch.prompts),)
         if tuple(scores.shape) != expected:
             raise ScoreError(
@@ -115,7 +135,7 @@ class Scorer(ABC):
                 f"{self.name} gave the non-finite score {scores[bad[0]].item()} for "
                 f"{batch.describe(bad[0])} ({len(bad)} non-finite in the batch)"
             )
-        return scores.float()
+        return scores.float(), parts
 
 
 class FunctionScorer(Scorer):
@@ -310,9 +330,17 @@ class EnsembleScorer(Scorer):
     def id_readers(self) -> list[tuple[str, torch.nn.Module]]:
         return [reader for member in self.members for reader in member.id_readers()]
 
+    @property
+    def key(self) -> str:
+        return "reward_models"
+
     def score(self, batch: ScoreInput) -> torch.Tensor:
-        scores = torch.stack([member(batch) for member in self.members])  # (M, B)
-        return combine_scores(scores, self.rule, self.coef)
+        return self.score_parts(batch)[0]
+
+    def score_parts(self, batch: ScoreInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        scores = [member(batch) for member in self.members]
+        parts = dict(zip(distinct_keys(self.members), scores, strict=True))
+        return combine_scores(torch.stack(scores), self.rule, self.coef), parts  # of (M, B)
 
     @torch.no_grad()
     def score_ids(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -342,7 +370,28 @@ class WeightedScorer(Scorer):
         return [reader for scorer, _ in self.parts for reader in scorer.id_readers()]
 
     def score(self, batch: ScoreInput) -> torch.Tensor:
-        return sum(weight * scorer(batch) for scorer, weight in self.parts)
+        return self.score_parts(batch)[0]
+
+    def score_parts(self, batch: ScoreInput) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        total, parts = 0.0, {}
+        for (scorer, weight), key in zip(self.parts, distinct_keys(self.scorers), strict=True):
+            scores, inner = scorer.scored(batch)
+            total = total + weight * scores
+            parts[key] = scores
+            parts.update({f"{key}/{name}": values for name, values in inner.items()})
+        return total, parts
+
+    @property
+    def scorers(self) -> list[Scorer]:
+        return [scorer for scorer, _ in self.parts]
+
+
+def distinct_keys(scorers: Sequence[Scorer]) -> list[str]:
+    """Each scorer's ``key``, numbered from 0 where several share one (two reward models)."""
+    keys = [scorer.key for scorer in scorers]
+    return [
+        f"{key}_{keys[:i].count(key)}" if keys.count(key) > 1 else key for i, key in enumerate(keys)
+    ]
 
 
 def as_scorer(source: Scorer | torch.nn.Module | Callable) -> Scorer:

@@ -239,15 +239,18 @@ class GRPOTrainer(PolicyTrainer):
         self.moments.load_state_dict(saved["score_moments"])
 
     def evaluate(self) -> dict[str, float]:
-        """Mean score, length and gold functions' score of one fixed-seed sample per held-out
-        prompt."""
+        """Mean score (and each part's, for a scorer of several), length and gold functions'
+        score of one fixed-seed sample per held-out prompt."""
         if not self.eval_prompts:
             return {}
         generator = torch.Generator(self.accelerator.device).manual_seed(self.config.seed + 1)
         parts: dict[str, list[torch.Tensor]] = {"score": [], "length": [], "gold": []}
         for batch in self.eval_batches(self.eval_prompts, self.collate_fn):
             samples, _ = self.sample(batch["query"], batch["query_mask"], generator)
-            parts["score"].append(self.scorer(samples).cpu())
+            scores, score_parts = self.scorer.scored(samples)
+            parts["score"].append(scores.cpu())
+            for key, values in score_parts.items():
+                parts.setdefault(f"score/{key}", []).append(values.cpu())
             parts["length"].append(samples.response_mask.sum(1).float().cpu())
             if self.gold is not None:
                 parts["gold"].append(self.gold(samples).cpu())

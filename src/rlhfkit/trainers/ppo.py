@@ -320,8 +320,9 @@ class PPOTrainer(Trainer):
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
-        """One fixed-seed sample per held-out prompt: the mean raw score, KL to the reference
-        (summed over the response, as ``kl/ref``), length, and the gold functions' score.
+        """One fixed-seed sample per held-out prompt: the mean raw score (and each part's, for
+        a scorer of several), KL to the reference (summed over the response, as ``kl/ref``),
+        length, and the gold functions' score.
         Training's random streams, score statistics and KL coefficient are left as they
         were."""
         if not self.eval_prompts:
@@ -334,6 +335,7 @@ class PPOTrainer(Trainer):
             )
             totals = {
                 "score": rollout.raw_scores.sum(),
+                **{f"score/{key}": part.sum() for key, part in rollout.score_parts.items()},
                 "kl": rollout.kl.sum(),
                 "length": rollout.response_mask.sum(),
             }
