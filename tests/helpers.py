@@ -8,6 +8,9 @@ here with ``from helpers import tiny_lm``.
 
 import json
 import random
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -171,3 +174,17 @@ def response_chars(prompts, responses):
     """A reward function by name (``helpers:response_chars``): each response's length in
     characters, a score that differs between samples."""
     return [float(len(r)) for r in responses]
+
+
+def sigterm_after_steps(process: subprocess.Popen, run_dir: Path, steps: int = 2) -> str:
+    """Send ``process`` (a training command writing ``run_dir``) SIGTERM once its
+    ``metrics.jsonl`` holds ``steps`` rows (or it ended, or 240 s passed); its stderr once it
+    exits."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.is_file() and metrics.read_text().count("\n") >= steps:
+            break
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    return process.communicate(timeout=120)[1]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from helpers import sigterm_after_steps
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.experience.generation import SamplingConfig, generate
 from rlhfkit.tracking import read_jsonl
@@ -265,14 +265,7 @@ def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_a_checkpoint(
     stopped = [*args, "--output_dir", "stopped"]
     process = subprocess.Popen(_command(2, "ppo", stopped), cwd=tmp_path, env=ENV,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    metrics = tmp_path / "stopped" / "metrics.jsonl"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and process.poll() is None:
-        if metrics.is_file() and metrics.read_text().count("\n") >= 2:
-            break
-        time.sleep(0.02)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    stderr = sigterm_after_steps(process, tmp_path / "stopped")
     assert process.returncode != 0, "the run ended before the SIGTERM"
     assert stderr.count("rlhfkit ppo: stopped by SIGTERM after step") == 1, stderr[-4000:]
     checkpoint = ckpt.latest_checkpoint(tmp_path / "stopped")

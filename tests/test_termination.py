@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 
+from helpers import sigterm_after_steps
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.errors import Terminated
 from rlhfkit.runtime import termination
@@ -122,14 +123,7 @@ def test_sigterm_to_the_command_stops_it_with_a_checkpoint_and_exit_code_143(
                "--max_steps", "10000", "--log_every", "1", "--report_to", "none",
                "--cpu", "true", "--output_dir", str(run)]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = run / "metrics.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        if metrics.is_file() and metrics.read_text().count("\n") >= 2:
-            break
-        time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    stderr = sigterm_after_steps(process, run)
 
     assert process.returncode == 143, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
@@ -140,4 +134,4 @@ def test_sigterm_to_the_command_stops_it_with_a_checkpoint_and_exit_code_143(
     )
     assert "Traceback" not in stderr
     assert not (run / LOCK_FILE).exists() and not (run / "failed.json").exists()
-    assert read_jsonl(metrics)[-1]["step"] == step  # no step after the one it saved
+    assert read_jsonl(run / "metrics.jsonl")[-1]["step"] == step  # no step after the one it saved
