@@ -1,8 +1,14 @@
 """Tracker: JSONL metrics with step and time, TensorBoard events, samples, plots, resume."""
 
+import json
+from pathlib import Path
+
 import torch
 
 from rlhfkit.tracking import Tracker, _markdown_table, read_jsonl
+from test_instructions import load_script
+
+PLOT_RUNS = Path(__file__).resolve().parents[1] / "scripts" / "plot_runs.py"
 
 
 def test_log_writes_jsonl_and_tensorboard(tmp_path):
@@ -52,3 +58,17 @@ def test_disabled_tracker_writes_nothing(tmp_path):
         tracker.log({"loss": 1.0}, 1)
         tracker.log_samples([{"text": "x"}], 1)
     assert not run_dir.exists()
+
+
+def test_plot_runs_draws_each_runs_metric_and_warns_of_a_missing_one(tmp_path, caplog):
+    plot = load_script(PLOT_RUNS)
+    for name, scale in (("a", 1.0), ("b", 2.0)):
+        rows = [{"step": s, "eval/score": scale * s} for s in (10, 20)]
+        rows.append({"step": 30, "eval/score": float("nan")})  # left out, not drawn
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot.points(tmp_path / "b", "eval/score") == [(10, 20.0), (20, 40.0)]
+    out = plot.plot_runs([tmp_path / "a", tmp_path / "b"], ["a", "b"],
+                         ["eval/score", "train/kl/ref"], tmp_path / "img" / "runs.png")  # fmt: skip
+    assert out.read_bytes().startswith(b"\x89PNG")
+    assert f"{tmp_path / 'a'} logged no train/kl/ref" in caplog.text
