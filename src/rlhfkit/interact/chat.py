@@ -26,7 +26,7 @@ import torch
 from rlhfkit.config import ConfigError, RewardOptions, checked_sampling
 from rlhfkit.data import Message, pad
 from rlhfkit.experience.generation import SamplingConfig
-from rlhfkit.experience.scorers import ScoreInput, Scorer, WeightedScorer
+from rlhfkit.experience.scorers import ScoreInput, Scorer, WeightedScorer, distinct_keys
 from rlhfkit.interact.env import LMAgent, encode_for_scoring, score_texts, token_budget
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.text import terminal_text
@@ -78,15 +78,15 @@ def chat_loop(
 def reward_line(scorer: Scorer, batch: ScoreInput) -> str:
     """A reply's reward as shown: ``name: total``, and for a weighted sum of several scorers
     each part's own score too (which one liked the reply is what a user wants to know)."""
+    total, parts = scorer.scored(batch)
     if not isinstance(scorer, WeightedScorer) or len(scorer.parts) == 1:
-        return f"{terminal_text(scorer.name)}: {scorer(batch).item():.3f}"
-    scored = [(part, weight, part(batch)) for part, weight in scorer.parts]  # each part once
-    total = sum(weight * scores for _, weight, scores in scored).item()  # as WeightedScorer
-    parts = " + ".join(
-        f"{weight:g} x {terminal_text(part.name)} {scores.item():.3f}"
-        for part, weight, scores in scored
+        return f"{terminal_text(scorer.name)}: {total.item():.3f}"
+    keys = distinct_keys(scorer.scorers)
+    terms = " + ".join(
+        f"{weight:g} x {terminal_text(part.name)} {parts[key].item():.3f}"
+        for (part, weight), key in zip(scorer.parts, keys, strict=True)
     )
-    return f"{total:.3f} = {parts}"
+    return f"{total.item():.3f} = {terms}"
 
 
 @dataclass(kw_only=True)
