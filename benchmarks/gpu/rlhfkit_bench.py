@@ -60,6 +60,29 @@ def no_eos_tokenizer(path: Path, vocab_rows: int):
     return tokenizer
 
 
+def as_sampled_scorer(reward_model):
+    """The reward model scoring each response as it was sampled. rlhfkit appends EOS to a
+    response cut at the token limit before scoring it; every response here is cut, its EOS
+    past the model's rows, and TRL (``stop_token=None``) scores them as they are."""
+    import dataclasses
+
+    from rlhfkit.experience.scorers import RewardModelScorer
+
+    class AsSampled(RewardModelScorer):
+        def score(self, batch):
+            return super().score(dataclasses.replace(batch, eos_token_id=None))
+
+    return AsSampled(reward_model)
+
+
+def admit_no_eos_token() -> None:
+    """Let the rollout take the no-EOS tokenizer: its check refuses a tokenizer with ids past
+    the model's rows, and here the one such id is the EOS that is never sampled nor fed."""
+    import rlhfkit.experience.rollout
+
+    rlhfkit.experience.rollout.check_vocabulary = lambda model, tokenizer, role: None
+
+
 def common_fields(w: wl.Workload, args, out: str) -> dict:
     import torch
 
@@ -95,7 +118,6 @@ def response_length(output, args, kwargs) -> float:
 # ----------------------------------------------------------------------------- workloads
 def run_ppo(w: wl.Workload, assets: Path, args, out: str):
     import rlhfkit.experience.rollout
-    from rlhfkit.experience.scorers import RewardModelScorer
     from rlhfkit.models.loading import RewardModel, ValueModel, load_causal_lm
     from rlhfkit.trainers.ppo import PPOTrainer
     from rlhfkit.trainers.ppo_config import PPOConfig
@@ -103,6 +125,7 @@ def run_ppo(w: wl.Workload, assets: Path, args, out: str):
     policy = load_causal_lm(assets / "policy")
     reference = load_causal_lm(assets / "policy")
     tokenizer = no_eos_tokenizer(assets / "tokenizer", policy.config.vocab_size)
+    admit_no_eos_token()
     critic = scored_head_from_seqcls(assets / "reward_model", ValueModel)
     reward_model = (
         scored_head_from_seqcls(assets / "reward_model", RewardModel).eval().requires_grad_(False)
@@ -129,7 +152,7 @@ def run_ppo(w: wl.Workload, assets: Path, args, out: str):
         policy,
         tokenizer,
         prompts,
-        RewardModelScorer(reward_model),
+        as_sampled_scorer(reward_model),
         reference=reference,
         critic=critic,
     )
@@ -150,6 +173,7 @@ def run_ppo(w: wl.Workload, assets: Path, args, out: str):
 def run_grpo(w: wl.Workload, assets: Path, args, out: str):
     from accelerate.utils import set_seed
 
+    import rlhfkit.experience.rollout
     import rlhfkit.trainers.grpo as grpo
     from rlhfkit.experience.scorers import FunctionScorer
     from rlhfkit.models.loading import load_causal_lm
@@ -158,6 +182,7 @@ def run_grpo(w: wl.Workload, assets: Path, args, out: str):
     policy = load_causal_lm(assets / "policy")
     reference = load_causal_lm(assets / "policy")
     tokenizer = no_eos_tokenizer(assets / "tokenizer", policy.config.vocab_size)
+    admit_no_eos_token()
     prompts = [r["input_ids"] for r in wl.read_jsonl(assets / "prompts.jsonl")]
     config = GRPOConfig(
         model="in-memory",
@@ -180,8 +205,8 @@ def run_grpo(w: wl.Workload, assets: Path, args, out: str):
     started = time.perf_counter()
     trainer = grpo.GRPOTrainer(config, policy, tokenizer, prompts, scorer, reference=reference)
     init = time.perf_counter() - started
-    timer = wl.GenerationTimer(grpo.generate, response_length)
-    grpo.generate = timer
+    timer = wl.GenerationTimer(rlhfkit.experience.rollout.generate, response_length)
+    rlhfkit.experience.rollout.generate = timer
     set_seed(config.seed)
     trainer.model.train()
     rows = []

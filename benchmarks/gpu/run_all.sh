@@ -45,7 +45,7 @@ START=$(date +%s)
 # 1. Assets: tokenizer, random-init models, prompts and texts (identical for both libraries).
 ASSETS=${ASSETS:-}
 if [ -z "$ASSETS" ]; then
-  ASSETS=$(mktemp -d /tmp/gpu-bench-assets.XXXXXX)
+  ASSETS=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bench-assets.XXXXXX")
   echo "== assets -> $ASSETS"
   TOK_PATH=${TOKENIZER_PATH:-${TRL116_PATH:-}}
   if ! PYTHONPATH="${TOK_PATH:+$TOK_PATH:}${PYTHONPATH:-}" "$RK_PY" $HERE/workloads.py \
