@@ -11,7 +11,12 @@ them. Here, without any model:
 - from the rankings of ``--rankings`` (K samples of each compared prompt, prompts no
   demonstration has), each prompt that asks for a letter case gives the best of its K
   samples once corrected, kept when it then scores at least ``--min-gold``; ``--count`` of
-  those, drawn at random, join the training demonstrations, and the whole set is shuffled.
+  those, drawn at random, join the training demonstrations, and the whole set is shuffled;
+- ``--untouched N`` adds as well N best samples, as they are, of ranked prompts that ask for
+  no letter case (rejection sampling from the stored samples, at least ``--min-gold``), so the
+  corrected answers are not most of what SFT sees: 150 corrected ones alone made half the
+  demonstrations ask for a letter case, against a quarter of the task's prompts, and taught
+  lowercase where no prompt asked for it.
 
 The output folder holds ``sft/{train,test}.jsonl`` and ``stats.json``; train on it with a
 stage's ``train_data`` (docs/instructions.md, "Where GRPO's curve flattens"). Usage::
@@ -54,13 +59,13 @@ def corrected(demonstration: dict) -> dict:
     return {**demonstration, "response": fixed, "gold": instruction_score(prompt, fixed)}
 
 
-def letter_case_candidates(rankings: list[dict], min_gold: float) -> list[dict]:
-    """For each ranked prompt that asks for a letter case, its best sample once corrected,
-    where that scores at least ``min_gold``."""
+def best_samples(rankings: list[dict], min_gold: float, letter_case: bool) -> list[dict]:
+    """For each ranked prompt that asks for a letter case (``letter_case``), or for none (not),
+    its best sample in the asked case, where that scores at least ``min_gold``."""
     found = []
     for record in rankings:
         prompt = record["prompt"]
-        if not asked_cases(prompt):
+        if bool(asked_cases(prompt)) != letter_case:
             continue
         fixed = [in_asked_case(prompt, response) for response in record["responses"]]
         golds = [instruction_score(prompt, response) for response in fixed]
@@ -83,6 +88,9 @@ def main() -> None:
         default=INSTRUCTIONS_DATA_DIR.with_name("instructions_k8") / "rankings" / "train.jsonl",
     )
     parser.add_argument("--count", type=int, default=150, help="demonstrations to add")
+    parser.add_argument(
+        "--untouched", type=int, default=0, help="best samples of other prompts to add as well"
+    )
     parser.add_argument("--min-gold", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
@@ -90,10 +98,15 @@ def main() -> None:
     if args.out.exists():
         raise SystemExit(f"--out {args.out}: exists; give a new folder")
 
-    candidates = letter_case_candidates(read_jsonl(args.rankings), args.min_gold)
+    rankings = read_jsonl(args.rankings)
+    candidates = best_samples(rankings, args.min_gold, letter_case=True)
     random.Random(args.seed).shuffle(candidates)
     added = candidates[: args.count]
-    train = [corrected(d) for d in read_jsonl(args.data / "sft" / "train.jsonl")] + added
+    others = best_samples(rankings, args.min_gold, letter_case=False)
+    random.Random(args.seed + 2).shuffle(others)
+    untouched = others[: args.untouched]
+    train = [corrected(d) for d in read_jsonl(args.data / "sft" / "train.jsonl")]
+    train += added + untouched
     random.Random(args.seed + 1).shuffle(train)
     test = [corrected(d) for d in read_jsonl(args.data / "sft" / "test.jsonl")]
     write_jsonl(train, args.out / "sft" / "train.jsonl")
@@ -102,6 +115,9 @@ def main() -> None:
         "from": {"demonstrations": str(args.data / "sft"), "rankings": str(args.rankings)},
         "candidates": len(candidates),
         "added": len(added),
+        "untouched_candidates": len(others),
+        "untouched": len(untouched),
+        "asking_a_letter_case": sum(bool(asked_cases(d["prompt"])) for d in train),
         "train": len(train),
         "test": len(test),
         "seed": args.seed,

@@ -515,9 +515,11 @@ def test_letter_case_demonstrations_are_corrected_as_a_labeller_would():
     rankings = [
         {"prompt": lower, "responses": ["ok.", answer]},  # the best, once lowercased: 1.0
         {"prompt": upper, "responses": [answer + " " + answer]},  # too long: 0.5 in capitals
-        {"prompt": plain, "responses": [answer]},  # no letter case asked: not a candidate
+        {"prompt": plain, "responses": ["ok.", answer]},  # no letter case asked
     ]
-    assert len(script.letter_case_candidates(rankings, min_gold=0.5)) == 2
-    assert script.letter_case_candidates(rankings, min_gold=1.0) == [
+    assert len(script.best_samples(rankings, min_gold=0.5, letter_case=True)) == 2
+    assert script.best_samples(rankings, min_gold=1.0, letter_case=True) == [
         {"prompt": lower, "response": answer.lower(), "gold": 1.0}
     ]
+    untouched = {"prompt": plain, "response": answer, "gold": 1.0}  # as sampled
+    assert script.best_samples(rankings, min_gold=0.5, letter_case=False) == [untouched]
