@@ -403,3 +403,32 @@ def test_leaving_closes_the_process_group(tmp_path):
     leave_process_group()
     assert not dist.is_initialized()
     leave_process_group()  # no group: nothing to do
+
+
+def test_a_process_that_was_in_a_group_ends_without_the_interpreters_finalization(tmp_path):
+    """How every process of a launched run ends (cli._exit): its atexit functions run and its
+    output is flushed, the exit code is the command's, and the interpreter's finalization,
+    where gloo's threads could abort a finished process, is skipped: an object's __del__ that
+    finalization would call never runs (it does in the control, a normal exit)."""
+    script = tmp_path / "end.py"
+    script.write_text(
+        "import atexit, sys\n"
+        "from rlhfkit.runtime import distributed\n"
+        "class Finalized:\n"
+        "    def __del__(self):\n"
+        "        print('finalized', flush=True)\n"
+        "kept = Finalized()\n"
+        "atexit.register(lambda: print('atexit ran'))\n"
+        "sys.stdout.write('unflushed ')\n"
+        "sys.exit(7) if sys.argv[1] == 'normal' else distributed.exit_without_finalizing(7)\n"
+    )
+    ended = {
+        how: subprocess.run(
+            [sys.executable, str(script), how], capture_output=True, text=True, env=ENV
+        )
+        for how in ("normal", "without")
+    }
+    assert ended["normal"].returncode == ended["without"].returncode == 7
+    assert ended["normal"].stdout.split() == ["unflushed", "atexit", "ran", "finalized"]
+    assert ended["without"].stdout.split() == ["unflushed", "atexit", "ran"]
+    assert ended["without"].stderr == ""

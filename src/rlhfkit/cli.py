@@ -406,16 +406,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             result, config = _run(name, args, flags, light)
     except KeyboardInterrupt:
         print(f"\nrlhfkit {name}: interrupted", file=sys.stderr)
-        return 130
+        return _exit(130)
     except Terminated as stop:  # every process stopped at one step; the first one says so
         if main_process:
             print(f"rlhfkit {name}: {terminal_text(str(stop))}", file=sys.stderr)
-        return Terminated.exit_code
+        return _exit(Terminated.exit_code)
     except Exception as error:  # the one error path
-        return _fail(name, error, debug)
+        return _exit(_fail(name, error, debug))
     if main_process:
         _print_summary(name, config, result)
-    return 0
+    return _exit(0)
+
+
+def _exit(code: int) -> int:
+    """``code``, to return from ``main``; a process that was one of several in a process
+    group ends here instead (``distributed.exit_without_finalizing``: gloo's threads would
+    abort it in the interpreter's finalization)."""
+    distributed = sys.modules.get("rlhfkit.runtime.distributed")  # loaded by every trainer
+    if distributed is not None and distributed.was_in_a_group():
+        distributed.exit_without_finalizing(code)
+    return code
 
 
 def _run(name: str, args: list[str], flags: set[str], light: bool) -> tuple[Any, Any]:

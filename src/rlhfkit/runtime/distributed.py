@@ -13,6 +13,12 @@ what it did before data parallelism existed.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import sys
+from typing import NoReturn
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -76,13 +82,40 @@ def gather_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def leave_process_group() -> None:
-    """Wait for every process, then close the default process group, if there is one. A
-    process that exits with the group still open can abort in gloo's teardown after its work
-    is done ("terminate called without an active exception", exit code -6), and the launcher
-    then reports the whole run as failed."""
+    """Wait for every process, then close the default process group, if there is one."""
+    global _left_a_group
     if dist.is_available() and dist.is_initialized():
+        _left_a_group = _left_a_group or dist.get_world_size() > 1
         dist.barrier()
         dist.destroy_process_group()
+
+
+_left_a_group = False  # set by leave_process_group: the group is gone, its threads may not be
+
+
+def was_in_a_group() -> bool:
+    """Whether this process is, or was, one of several in a process group."""
+    return _left_a_group or world_size() > 1
+
+
+def exit_without_finalizing(code: int) -> NoReturn:
+    """End this process with exit code ``code`` once its ``atexit`` functions have run and
+    its output is flushed, skipping the interpreter's finalization.
+
+    For a process that was one of several in a gloo group, whose work is all written by now.
+    gloo's worker threads keep each collective's work object, and the tensors Python handed
+    to it, for a moment after the collective has returned. A thread that lets go of the last
+    of them while the interpreter is finalizing must take the GIL to free the tensors' Python
+    objects; Python ends a thread that takes the GIL then, here inside a C++ destructor, so
+    the process aborts ("terminate called without an active exception", signal 6) and the
+    launcher reports a finished run as failed. The threads outlive ``destroy_process_group``
+    (seen in a core dump of such an abort). Without finalization nothing is freed that way; the ``atexit`` functions (trackers' and logging's) still run, while the
+    interpreter is whole."""
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream
+            stream.flush()
+    os._exit(code)
 
 
 def rank_seed(seed: int, process: int) -> int:
