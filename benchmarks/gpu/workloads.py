@@ -135,7 +135,7 @@ class Workload:
 
 FULL = {
     "ppo": Workload(
-        "ppo", batch=64, warmup=2, timed=3, prompt_tokens=48, new_tokens=128, epochs=4,
+        "ppo", batch=64, warmup=2, timed=8, prompt_tokens=48, new_tokens=128, epochs=4,
         minibatches=4,
     ),
     "grpo": Workload(
