@@ -81,6 +81,9 @@ def gather_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+_left_a_group = False  # set by leave_process_group: the group is gone, its threads may not be
+
+
 def leave_process_group() -> None:
     """Wait for every process, then close the default process group, if there is one."""
     global _left_a_group
@@ -88,9 +91,6 @@ def leave_process_group() -> None:
         _left_a_group = _left_a_group or dist.get_world_size() > 1
         dist.barrier()
         dist.destroy_process_group()
-
-
-_left_a_group = False  # set by leave_process_group: the group is gone, its threads may not be
 
 
 def was_in_a_group() -> bool:
@@ -109,8 +109,9 @@ def exit_without_finalizing(code: int) -> NoReturn:
     objects; Python ends a thread that takes the GIL then, here inside a C++ destructor, so
     the process aborts ("terminate called without an active exception", signal 6) and the
     launcher reports a finished run as failed. The threads outlive ``destroy_process_group``
-    (seen in a core dump of such an abort). Without finalization nothing is freed that way; the ``atexit`` functions (trackers' and logging's) still run, while the
-    interpreter is whole."""
+    (seen in a core dump of such an abort). Without finalization nothing is freed that way;
+    the ``atexit`` functions (trackers' and logging's) still run, while the interpreter is
+    whole."""
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream
