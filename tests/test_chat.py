@@ -3,7 +3,6 @@
 import sys
 from pathlib import Path
 
-import pexpect
 import pytest
 from transformers import AutoModelForCausalLM
 
@@ -104,6 +103,7 @@ def test_config_names_a_bad_sampling_field():
 
 
 def test_rlhfkit_chat_in_a_pseudo_terminal(tiny_model_dir):
+    pexpect = pytest.importorskip("pexpect")  # a test dependency; absent where only the runtime is
     command = f"{RLHFKIT} chat --model {tiny_model_dir} --reward_functions digits --max_new_tokens 8 --seed 0"
     child = pexpect.spawn(command, encoding="utf-8", timeout=120)
     try:

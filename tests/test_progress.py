@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pexpect
 import pytest
 
 from rlhfkit import tracking
@@ -59,6 +58,7 @@ def _sft_args(model_dir, tmp_path):
 
 @pytest.mark.slow
 def test_a_stage_in_a_terminal_draws_one_bar_with_log_lines_above_it(tiny_model_dir, tmp_path):
+    pexpect = pytest.importorskip("pexpect")  # a test dependency; absent where only the runtime is
     args = _sft_args(tiny_model_dir, tmp_path)
     child = pexpect.spawn(
         str(RLHFKIT), args, encoding="utf-8", timeout=240, dimensions=(40, 160), cwd=tmp_path
