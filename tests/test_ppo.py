@@ -526,3 +526,37 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def test_a_reference_other_than_the_start_is_the_kl_penalty_s_from_the_first_step(
+    tiny_tokenizer, tiny_model_dir, tmp_path
+):
+    """Going on from a trained policy, the penalty is still measured from the reference named
+    (the SFT model): at the first rollout the policy is its start, yet its KL is not 0."""
+    reference_dir = tmp_path / "reference"
+    tiny_lm(tiny_tokenizer, seed=1, n_positions=128).save_pretrained(reference_dir)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Count to {i}:"}) + "\n" for i in range(16)))
+    runs = {}
+    for name, reference in (("own", None), ("named", str(reference_dir))):
+        config = _config(
+            tmp_path / name,
+            model=str(tiny_model_dir),
+            reference=reference,
+            train_data=str(prompts),
+            reward_functions=["digits"],
+            max_steps=1,
+        )
+        trainer = PPOTrainer.from_config(config)
+        runs[name] = trainer
+        trainer.train()
+    loaded = _weights(runs["named"].models.reference)
+    saved = _weights(tiny_lm(tiny_tokenizer, seed=1, n_positions=128))
+    assert loaded.keys() == saved.keys() and all(torch.equal(loaded[k], saved[k]) for k in saved)
+    kl = {n: read_jsonl(tmp_path / n / "run" / "metrics.jsonl")[0]["train/kl/ref"] for n in runs}
+    assert kl["own"] == pytest.approx(0.0, abs=1e-5) and kl["named"] > 0.1
+
+
+def test_a_named_reference_is_refused_with_lora(tmp_path):
+    with pytest.raises(ConfigError, match="reference = 'sft' is not allowed: expected None with"):
+        _config(tmp_path, lora=True, reference="sft")

@@ -388,6 +388,23 @@ class LoRAOptions:
 
 
 @dataclass
+class ReferenceOptions:
+    """The field of the stages that hold a frozen reference model (DPO, PPO, GRPO, RLOO)."""
+
+    reference: str | None = None
+    """Reference model name or directory; None uses the starting model `model` itself. Set
+    it to go on from a trained policy with the penalty still measured from the SFT model."""
+
+    def _check_reference(self) -> None:
+        require(
+            self,
+            "reference",
+            not (self.lora and self.reference),
+            "None with lora=True (the reference is the model with its adapter disabled)",
+        )
+
+
+@dataclass
 class SamplingOptions:
     """Fields of the stages that sample responses (PPO, GRPO, RLOO)."""
 

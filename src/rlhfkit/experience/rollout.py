@@ -265,11 +265,13 @@ def load_rollout_models(
     tokenizer,
     *,
     critic: str | None,
+    reference: str | None = None,
     lora: dict | None = None,
     trust_remote_code: bool = False,
 ) -> RolloutModels:
-    """Policy and frozen reference from ``model``; the critic as a separate ``ValueModel``
-    from the checkpoint ``critic`` or, with ``critic=None``, a value head on the policy. Each
+    """Policy from ``model``, frozen reference from ``reference`` (None: ``model`` too); the
+    critic as a separate ``ValueModel`` from the checkpoint ``critic`` or, with ``critic=None``,
+    a value head on the policy. Each
     gets a row for every id of ``tokenizer`` (``match_vocabulary``): the critic reads the
     policy's ids, the pad a tokenizer without one gained included.
 
@@ -279,7 +281,7 @@ def load_rollout_models(
     """
     loading = {"tokenizer": tokenizer, "trust_remote_code": trust_remote_code}
     policy = load_causal_lm(model, **loading)
-    reference = None if lora else freeze(load_causal_lm(model, **loading))
+    reference_model = None if lora else freeze(load_causal_lm(reference or model, **loading))
     if lora:
         policy = add_lora(policy, **lora)
     value_model = None
@@ -289,7 +291,7 @@ def load_rollout_models(
             value_model = add_lora(value_model, **lora)
     else:
         policy = ValueHeadLM(policy)
-    return RolloutModels(policy, reference, value_model)
+    return RolloutModels(policy, reference_model, value_model)
 
 
 def _policy_pass(

@@ -7,11 +7,18 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from rlhfkit.config import DEMO_DATA, DataOptions, LoRAOptions, TrainConfig, require
+from rlhfkit.config import (
+    DEMO_DATA,
+    DataOptions,
+    LoRAOptions,
+    ReferenceOptions,
+    TrainConfig,
+    require,
+)
 
 
 @dataclass
-class DPOConfig(DataOptions, LoRAOptions, TrainConfig):
+class DPOConfig(DataOptions, ReferenceOptions, LoRAOptions, TrainConfig):
     """Direct preference optimisation (Rafailov et al. 2023) and its IPO / conservative variants."""
 
     output_dir: str = "runs/dpo"
@@ -26,8 +33,6 @@ class DPOConfig(DataOptions, LoRAOptions, TrainConfig):
     """'sigmoid' = DPO; 'ipo' = IPO (per-token mean log-probs); 'conservative' = cDPO."""
     label_smoothing: float = 0.0
     """cDPO's probability that a label is flipped, in (0, 0.5); only for loss_type='conservative'."""
-    reference: str | None = None
-    """Reference model name or directory; None uses the starting model `model` itself."""
     precompute_reference: bool = True
     """Compute reference log-probs once over the data before training and free the reference
     model (saves its memory and a forward per step); False runs the reference every step."""
@@ -59,9 +64,4 @@ class DPOConfig(DataOptions, LoRAOptions, TrainConfig):
         else:
             ok, allowed = self.label_smoothing == 0, "0 unless loss_type='conservative'"
         require(self, "label_smoothing", ok, allowed)
-        require(
-            self,
-            "reference",
-            not (self.lora and self.reference),
-            "None with lora=True (the reference is the model with its adapter disabled)",
-        )
+        self._check_reference()

@@ -19,6 +19,7 @@ from rlhfkit.config import (
     DEMO_DATA,
     EvalPromptOptions,
     LoRAOptions,
+    ReferenceOptions,
     SamplingOptions,
     ScorerOptions,
     TrainConfig,
@@ -30,13 +31,16 @@ from rlhfkit.trainers.ppo_update import PolicyLossSettings
 
 
 @dataclass
-class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
+class GRPOConfig(
+    EvalPromptOptions, SamplingOptions, ScorerOptions, ReferenceOptions, LoRAOptions, TrainConfig
+):
     """Critic-free RL with group baselines: GRPO (Shao et al. 2024) or RLOO (Ahmadian et al.
     2024), and REINFORCE++ (Hu 2025): `batch_size` prompts per micro-batch, each answered
     `num_generations` times; by default one optimiser step per sampled batch."""
 
     model: str = "runs/sft/final"
-    """Policy to start from (the SFT model); also the frozen reference of the KL term."""
+    """Policy to start from (the SFT model); also the frozen reference of the KL term unless
+    `reference` names another."""
     output_dir: str = "runs/grpo"
     """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
     learning_rate: float = 1e-5
@@ -106,8 +110,6 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
     (DAPO's overlong filtering): a cut-off answer is neither rewarded nor punished for where
     it was cut. Their scores still count in their group's baseline; missing_eos_penalty
     lowers their score instead."""
-    reference: str | None = None
-    """Reference model name or directory; None uses the starting model `model`."""
     disable_dropout: bool = True
     """Turn dropout off, so sampling and the update see the same policy (ratio exactly 1)."""
     sample_every: int = 10
@@ -140,12 +142,7 @@ class GRPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions,
             "'token' with advantage 'reinforce++' (its advantages differ from token to token; "
             "a ratio per response needs one advantage per response)",
         )
-        require(
-            self,
-            "reference",
-            not (self.lora and self.reference),
-            "None with lora=True (the reference is the model with its adapter disabled)",
-        )
+        self._check_reference()
 
     @property
     def kl_in_rewards(self) -> bool:

@@ -432,6 +432,7 @@ class PPOTrainer(Trainer):
             config.model,
             tokenizer,
             critic=critic,
+            reference=config.reference,
             lora=config.lora_settings,
             trust_remote_code=trust,
         )

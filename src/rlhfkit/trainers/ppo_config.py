@@ -22,6 +22,7 @@ from rlhfkit.config import (
     DEMO_DATA,
     EvalPromptOptions,
     LoRAOptions,
+    ReferenceOptions,
     SamplingOptions,
     ScorerOptions,
     TrainConfig,
@@ -35,11 +36,14 @@ from rlhfkit.trainers.ppo_update import PolicyLossSettings
 
 
 @dataclass
-class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, TrainConfig):
+class PPOConfig(
+    EvalPromptOptions, SamplingOptions, ScorerOptions, ReferenceOptions, LoRAOptions, TrainConfig
+):
     """PPO against a reward model and/or Python reward functions (InstructGPT step 3)."""
 
     model: str = "runs/sft/final"
-    """Policy to start from (the SFT model); also the frozen reference of the KL penalty."""
+    """Policy to start from (the SFT model); also the frozen reference of the KL penalty
+    unless `reference` names another."""
     output_dir: str = "runs/ppo"
     """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
     learning_rate: float = 1e-5
@@ -152,6 +156,7 @@ class PPOConfig(EvalPromptOptions, SamplingOptions, ScorerOptions, LoRAOptions, 
         self._check_sampling()
         self._check_scorers()
         self._check_eval_prompts()
+        self._check_reference()
         positive = (
             "max_prompt_length",
             "rollout_batch_size",
