@@ -68,7 +68,12 @@ def test_plot_runs_draws_each_runs_metric_and_warns_of_a_missing_one(tmp_path, c
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert plot.points(tmp_path / "b", "eval/score") == [(10, 20.0), (20, 40.0)]
+    # On an axis of responses sampled: 64 a step, after a first leg of 640.
+    assert plot.points(tmp_path / "b", "eval/score", 64, 640) == [(1280, 20.0), (1920, 40.0)]
     out = plot.plot_runs([tmp_path / "a", tmp_path / "b"], ["a", "b"],
                          ["eval/score", "train/kl/ref"], tmp_path / "img" / "runs.png")  # fmt: skip
     assert out.read_bytes().startswith(b"\x89PNG")
     assert f"{tmp_path / 'a'} logged no train/kl/ref" in caplog.text
+    per_response = plot.plot_runs([tmp_path / "a", tmp_path / "b"], ["a", "b"], ["eval/score"],
+                                  tmp_path / "img" / "per_response.png", [(64, 0), (32, 640)])  # fmt: skip
+    assert per_response.read_bytes().startswith(b"\x89PNG")
