@@ -271,9 +271,9 @@ def load_rollout_models(
 ) -> RolloutModels:
     """Policy from ``model``, frozen reference from ``reference`` (None: ``model`` too); the
     critic as a separate ``ValueModel`` from the checkpoint ``critic`` or, with ``critic=None``,
-    a value head on the policy. Each
-    gets a row for every id of ``tokenizer`` (``match_vocabulary``): the critic reads the
-    policy's ids, the pad a tokenizer without one gained included.
+    a value head on the policy. Each gets a row for every id of ``tokenizer``
+    (``match_vocabulary``): the critic reads the policy's ids, the pad a tokenizer without one
+    gained included.
 
     With ``lora`` (``add_lora`` arguments) policy and critic get adapters and the reference is
     the policy with its adapter disabled (``reference=None``), never a second copy.
