@@ -528,7 +528,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def test_a_reference_other_than_the_start_is_the_kl_penalty_s_from_the_first_step(
+def test_a_named_reference_measures_the_kl_from_the_first_step(
     tiny_tokenizer, tiny_model_dir, tmp_path
 ):
     """Going on from a trained policy, the penalty is still measured from the reference named
