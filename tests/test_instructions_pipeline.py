@@ -3,7 +3,8 @@ test model and the bundled instructions data: every arm, GRPO included, trains a
 the evaluation breaks the gold score down per constraint kind; the report shows the responses
 side by side, escaped, and the pass rates. The GPU config is parsed and derived the same way;
 the config of two rounds runs too, each round's PPO keeping its best policy on the validation
-prompts."""
+prompts. The stage configs of PPO on the checker read the pipeline's SFT model and are
+evaluated on the test prompts."""
 
 from __future__ import annotations
 
@@ -15,16 +16,20 @@ import torch
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError, load_config
+from rlhfkit.evaluation.evaluate import EvalConfig
 from rlhfkit.evaluation.measures import PolicySamples, pass_rates
 from rlhfkit.evaluation.report import load_eval, write_report
 from rlhfkit.pipeline.config import PipelineConfig, stage_configs
 from rlhfkit.pipeline.rounds import round_summaries
 from rlhfkit.pipeline.run import run_pipeline
 from rlhfkit.tasks import BREAKDOWNS, INSTRUCTIONS_DATA_DIR
+from rlhfkit.trainers.ppo_config import PPOConfig
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "instructions_smollm2.yaml"
 GPU_CONFIG = CONFIG.with_name("instructions_smollm2_gpu.yaml")
 ROUNDS_CONFIG = CONFIG.with_name("instructions_smollm2_rounds.yaml")
+CHECKER_CONFIG = CONFIG.with_name("instructions_smollm2_ppo_checker.yaml")
+CHECKER_EVAL_CONFIG = CONFIG.with_name("instructions_smollm2_ppo_checker_eval.yaml")
 FEW = {"max_steps": 2, "batch_size": 4, "report_to": ["none"], "log_every": 1, "max_length": 96}
 SMALL = {
     "sft": {**FEW, "eval_batch_size": 8, "max_train_samples": 8, "max_eval_samples": 4},
@@ -100,6 +105,23 @@ def test_the_rounds_config_chooses_each_round_s_policy_on_the_validation_prompts
         assert Path(ppo.eval_data).resolve() == prompts and ppo.eval_split == "validation"
     assert stages.rounds[0].policy_before == str(stages.ppo.final_dir)
     assert set(stages.eval.models) == {"base", "sft", "ppo", "dpo", "ppo_round2"}
+
+
+def test_ppo_on_the_checker_starts_from_the_pipeline_s_sft_and_is_evaluated_on_test():
+    sft = stage_configs(load_config(PipelineConfig, CONFIG)).sft
+    ppo = load_config(PPOConfig, CHECKER_CONFIG)
+    assert ppo.model == ppo.critic_model == str(sft.final_dir) and ppo.critic == "separate"
+    assert ppo.reward_model is None and ppo.reward_functions == ["instructions"]
+    assert ppo.score_normalize == "scale" and ppo.kl_coef == 0.03
+    prompts = INSTRUCTIONS_DATA_DIR.with_name("instructions_k8") / "prompts"
+    assert Path(ppo.train_data).resolve() == Path(ppo.eval_data).resolve() == prompts
+    assert (ppo.eval_split, ppo.max_eval_samples) == ("validation", None)
+    assert ppo.metric_for_best_model == "eval/gold" and ppo.load_best_model_at_end
+    evaluation = load_config(EvalConfig, CHECKER_EVAL_CONFIG)
+    assert evaluation.models == {"sft": str(sft.final_dir), "ppo_checker": str(ppo.final_dir)}
+    assert evaluation.reference == str(sft.final_dir) and evaluation.reward_model is None
+    assert (evaluation.split, evaluation.max_prompts, evaluation.num_samples) == ("test", 256, 256)
+    assert Path(evaluation.prompts).resolve() == prompts and evaluation.task == "instructions"
 
 
 def test_grpo_arm_needs_a_reward_without_a_task():
