@@ -13,8 +13,10 @@ from rlhfkit.data import Comparison
 from rlhfkit.evaluation.evaluate import EvalConfig, evaluate
 from rlhfkit.evaluation.measures import (
     PolicySamples,
+    paired_difference,
     reward_model_accuracy,
     sample_kl,
+    standard_error,
     summarize,
     win_rate,
 )
@@ -80,7 +82,26 @@ def test_summarize_distinct_n_and_win_rates():
     assert row["kl"] == 2.0 and row["length"] == 3.0 and row["gold"] == 0.5
     assert row["win_rate_rm"] == 0.75  # one win, one tie
     assert row["win_rate_gold"] == 0.25  # one tie, one loss
+    assert row["gold_gain"] == -0.25 and row["gold_gain_se"] == pytest.approx(0.25)
     assert summarize("m", mine, None)["win_rate_gold"] is None
+    assert summarize("m", mine, None)["gold_gain_se"] is None
+
+
+def test_the_paired_gain_s_error_is_that_of_the_per_prompt_differences():
+    # differences 0.5, 0.0, 0.5, 1.0: mean 0.5, sample variance 1/6, se sqrt(1/6 / 4)
+    scores = torch.tensor([1.0, 0.5, 0.5, 1.0])
+    baseline = torch.tensor([0.5, 0.5, 0.0, 0.0])
+    gain, se = paired_difference(scores, baseline)
+    assert gain == pytest.approx(0.5) and se == pytest.approx(math.sqrt(1 / 24))
+    # a prompt's difficulty shared by both models cancels; the unpaired error grows with it
+    difficulty = torch.tensor([0.0, 3.0, 6.0, 9.0])
+    harder, harder_baseline = scores - difficulty, baseline - difficulty
+    assert paired_difference(harder, harder_baseline) == pytest.approx((gain, se))
+    unpaired = math.hypot(standard_error(harder), standard_error(harder_baseline))
+    assert unpaired > 10 * se
+    assert paired_difference(scores, None) == (None, None)
+    with pytest.raises(ValueError, match="shapes"):
+        paired_difference(scores, baseline[:3])
 
 
 def _encode(tokenizer, texts):

@@ -16,6 +16,10 @@ What is measured follows the papers whose pictures it reproduces:
   expected score of the proxy's pick over all n-subsets of the pool, instead of one draw.
 - Win rate against the SFT model, paired by prompt (InstructGPT's preference against a
   baseline): a win counts 1, a tie 1/2.
+- The gold gain over the SFT model, paired by prompt: the mean of the per-prompt differences
+  and its standard error. Both models answer the same prompts, so the prompts' difficulty,
+  shared by the two, cancels: the paired error is smaller than the two models' own errors
+  combined, and it is the one that says whether a gain is more than noise.
 - Diversity: corpus distinct-1/2 (Li et al. 2016) via ``tasks.distinct_n``.
 - Where a task's gold score is made of checkable parts (the constraint kinds of the
   instructions task, as IFEval's per-instruction accuracy, Zhou et al. 2023), the share of
@@ -141,6 +145,21 @@ def standard_error(x: torch.Tensor | None) -> float | None:
     return (x.float().std() / math.sqrt(len(x))).item()
 
 
+def paired_difference(
+    scores: torch.Tensor | None, baseline: torch.Tensor | None
+) -> tuple[float | None, float | None]:
+    """The mean of ``scores - baseline`` (P,), paired by prompt, and its standard error;
+    (None, None) where either is missing."""
+    if scores is None or baseline is None:
+        return None, None
+    if scores.shape != baseline.shape:
+        raise ValueError(
+            f"paired_difference: shapes {tuple(scores.shape)}, {tuple(baseline.shape)}"
+        )
+    difference = scores.float() - baseline.float()
+    return _mean(difference), standard_error(difference)
+
+
 def summarize(name: str, samples: PolicySamples, baseline: PolicySamples | None) -> dict:
     """One row of the results table (None where a scorer or the baseline is missing)."""
 
@@ -148,10 +167,13 @@ def summarize(name: str, samples: PolicySamples, baseline: PolicySamples | None)
         mine, theirs = getattr(samples, key), getattr(baseline, key, None)
         return None if mine is None or theirs is None else win_rate(mine, theirs)
 
+    gain, gain_se = paired_difference(samples.gold, getattr(baseline, "gold", None))
     return {
         "model": name,
         "gold": _mean(samples.gold),
         "gold_se": standard_error(samples.gold),
+        "gold_gain": gain,
+        "gold_gain_se": gain_se,
         "reward": _mean(samples.reward),
         "kl": _mean(samples.kl),
         "win_rate_rm": wins("reward"),

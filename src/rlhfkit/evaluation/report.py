@@ -36,6 +36,8 @@ TABLE_COLUMNS = (
     "model",
     "gold",
     "gold_se",
+    "gold_gain",
+    "gold_gain_se",
     "reward",
     "kl",
     "win_rate_rm",
