@@ -12,7 +12,7 @@ import torch
 
 from rlhfkit import tasks
 from rlhfkit.data import PromptRecord, load_records
-from rlhfkit.experience.scorer_loading import reward_function_scorer
+from rlhfkit.experience.scorer_loading import build_scorer, reward_function_scorer
 from rlhfkit.experience.scorers import ScoreError, ScoreInput
 from rlhfkit.labelling.export import write_jsonl
 from rlhfkit.tasks.instructions import (
@@ -30,6 +30,8 @@ from rlhfkit.tasks.instructions import (
     sentences,
     stem,
     topics_in,
+    unasked_case_reward,
+    unasked_shapes,
     words,
 )
 
@@ -301,6 +303,76 @@ def test_reward_by_name_through_the_scorer():
         scorer(bad)
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         instructions_reward(prompts[:2], responses[:1])
+
+
+# ---------------------------------------------------------------------------- unasked shapes
+
+FRUITS = "Name a few fruits."
+
+
+@pytest.mark.parametrize(
+    "prompt, response, shapes",
+    [
+        (
+            FRUITS,
+            "Apples, pears and plums.",
+            {"lowercase": False, "uppercase": False, "list": False},
+        ),
+        (
+            FRUITS,
+            "apples, pears and plums.",
+            {"lowercase": True, "uppercase": False, "list": False},
+        ),
+        (FRUITS, "APPLES, PEARS!", {"lowercase": False, "uppercase": True, "list": False}),
+        (FRUITS, "- Apples\n* pears\n", {"lowercase": False, "uppercase": False, "list": True}),
+        (FRUITS, "1. Apples\n2) Pears", {"lowercase": False, "uppercase": False, "list": True}),
+        (FRUITS, "Fruits:\n- Apples", {"lowercase": False, "uppercase": False, "list": False}),
+        (FRUITS, "- \n- ", {"lowercase": False, "uppercase": False, "list": False}),
+        (FRUITS, "42, 7.", {"lowercase": False, "uppercase": False, "list": False}),
+        (f"{FRUITS[:-1]}, all in lowercase.", "apples.", {"list": False}),
+        ("Use only uppercase letters. Name a few fruits.", "apples.", {"list": False}),
+        (
+            "Give reasons to rest as a bulleted list of two items.",
+            "- rest\n- sleep",
+            {
+                "lowercase": True,
+                "uppercase": False,
+            },
+        ),
+        (
+            "Give exactly two numbered points on rest.",
+            "- Rest\n- Sleep",
+            {
+                "lowercase": False,
+                "uppercase": False,
+            },
+        ),
+        ("Tell me a joke.", "why not?", {"lowercase": True, "uppercase": False, "list": False}),
+        (CHAT.format(FRUITS), "apples.", {"lowercase": True, "uppercase": False, "list": False}),
+    ],
+)
+def test_unasked_shapes_report_what_the_prompt_did_not_ask_for(prompt, response, shapes):
+    assert unasked_shapes(prompt, response) == shapes
+
+
+def test_unasked_case_reward_charges_only_a_letter_case_nobody_asked_for():
+    lowercase = "Name a few fruits, all in lowercase."
+    prompts = [FRUITS, FRUITS, FRUITS, FRUITS, lowercase, lowercase, "Tell me a joke."]
+    responses = ["Apples.", "apples.", "APPLES.", "- Apples\n- Pears", "apples.", "Apples.", "ha"]
+    assert unasked_case_reward(prompts, responses) == [0.0, -1.0, -1.0, 0.0, 0.0, 0.0, -1.0]
+    with pytest.raises(ValueError, match="2 prompts but 1 responses"):
+        unasked_case_reward(prompts[:2], responses[:1])
+
+
+def test_unasked_case_goes_beside_the_judge_by_name():
+    assert tasks.SHAPING_REWARDS["unasked_case"] is unasked_case_reward
+    assert "unasked_case" not in tasks.REWARD_FUNCTIONS  # no task of its own
+    scorer = build_scorer(None, ["instructions", "unasked_case"], [1.0, 0.5])
+    prompts = [CHAT.format(f"{FRUITS[:-1]}, all in lowercase."), CHAT.format(RIVER)] * 2
+    responses = ["apples and pears", "a quiet river", "Apples and pears", "A quiet river"]
+    empty = torch.zeros(len(prompts), 1, dtype=torch.long)
+    batch = ScoreInput(prompts, responses, empty, empty, empty, empty)
+    torch.testing.assert_close(scorer(batch), torch.tensor([1.0, 0.5, 0.0, 1.0]))
 
 
 # --------------------------------------------------------------------------------- generator

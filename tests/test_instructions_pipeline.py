@@ -17,7 +17,7 @@ import torch
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.evaluation.evaluate import EvalConfig
-from rlhfkit.evaluation.measures import PolicySamples, pass_rates
+from rlhfkit.evaluation.measures import PolicySamples, pass_rates, unasked_rates
 from rlhfkit.evaluation.report import load_eval, write_report
 from rlhfkit.pipeline.config import PipelineConfig, stage_configs
 from rlhfkit.pipeline.rounds import round_summaries
@@ -153,8 +153,14 @@ def test_pipeline_runs_every_arm_and_reports_pass_rates(tmp_path, tiny_model_dir
     for row in parts:
         assert row["asked"] >= 1
         assert all(0.0 <= row[m] <= 1.0 for m in ("base", "sft", "ppo", "dpo", "grpo"))
+    shapes = result["unasked"]
+    assert [r["shape"] for r in shapes] == ["list", "lowercase", "uppercase"]
+    for row in shapes:
+        assert row["unasked"] >= 1
+        assert all(0.0 <= row[m] <= 1.0 for m in ("base", "sft", "ppo", "dpo", "grpo"))
     text = report.read_text()
     assert "## Pass rate per part of the gold score" in text
+    assert "## Shapes nobody asked for" in text
     assert "| grpo |" in text and (run / "plots" / "grpo.png").is_file()
 
 
@@ -186,6 +192,29 @@ def test_pass_rates_count_each_kind_and_pool_held_out_ones():
     assert [(r["a"], r["b"]) for r in rows] == [(0.5, 1.0), (0.0, 1.0), (0.5, 1.0), (0.0, 1.0)]
 
 
+def test_unasked_rates_count_only_the_prompts_that_leave_a_shape_unasked():
+    lower = "Describe a quiet river. Write your entire answer in lowercase letters."
+    plain = "Describe a quiet river. Do not use any commas."
+    bullets = "Describe a quiet river as a bulleted list of two items."
+    prompts = [lower, plain, plain, bullets]
+    named = {
+        "a": _samples(
+            prompts,
+            ["the river is slow.", "the river is slow.", "- River\n- Bank", "- Slow\n- Wide"],
+        ),
+        "b": _samples(
+            prompts,
+            ["the river is slow.", "The river is slow.", "THE RIVER IS SLOW.", "- slow\n- wide"],
+        ),
+    }
+    rows = unasked_rates(named, BREAKDOWNS["instructions"].unasked)
+    assert rows == [
+        {"shape": "list", "unasked": 3, "a": 1 / 3, "b": 0.0},
+        {"shape": "lowercase", "unasked": 3, "a": 1 / 3, "b": 1 / 3},
+        {"shape": "uppercase", "unasked": 3, "a": 0.0, "b": 1 / 3},
+    ]
+
+
 def test_a_guarded_response_misses_every_kind():
     prompt = "Describe a quiet river. Do not use any commas."
     assert BREAKDOWNS["instructions"].parts(prompt, "") == {"no_commas": False}
@@ -208,12 +237,14 @@ def test_report_escapes_constraint_text_in_the_side_by_side(tmp_path):
             {"part": "title", "held_out": True, "asked": 1, "sft": 1.0},
             {"part": "all held-out parts", "held_out": True, "asked": 1, "sft": 1.0},
         ],
+        "unasked": [{"shape": "lowercase", "unasked": 3, "sft": 1 / 3}],
         "config": {},
     }
     text = write_report(tmp_path, result, {}).read_text()
     assert "<script>" not in text and "<<title>>" not in text
     assert "\\| end" in text
     assert "| title | yes | 1 | 1.000 |" in text
+    assert "| lowercase | 3 | 0.333 |" in text
 
 
 @pytest.mark.slow

@@ -447,7 +447,7 @@ class EvalPromptOptions:
     """Use only the first this many evaluation prompts; None uses all."""
     gold_functions: list[str] = dataclasses.field(default_factory=list)
     """Reward functions named as in `reward_functions` (digits, gold, instructions, sentiment,
-    module:function) that score the held-out samples at each evaluation beside the training
+    unasked_case, module:function) that score the held-out samples at each evaluation beside the training
     scorer, their sum logged as `eval/gold`. Never trained on: the true measure, where the
     training reward is a learnt proxy (a reward model), so that over-optimisation shows while
     the run goes (the gold falls while `eval/score` rises). Needs `eval_data`."""
@@ -523,6 +523,7 @@ class RewardOptions(RewardModelOptions):
 
     reward_functions: list[str] = dataclasses.field(default_factory=list)
     """Reward functions by name: digits, gold, instructions, sentiment (the bundled tasks),
+    unasked_case (-1 for a letter case the prompt did not ask for, beside instructions),
     perplexity (under the policy), perplexity:PATH (under the causal LM at PATH), or
     module:function, a Python `f(prompts, responses) -> list[float]` (imported and run: name
     only code you trust). One name on the command line is a list of one:
@@ -697,7 +698,7 @@ def load_config(
 
 _SCORER = (
     "--reward_model DIR (a reward model) or --reward_functions NAME (digits, gold, "
-    "instructions, sentiment, perplexity, perplexity:PATH or module:function)"
+    "instructions, sentiment, unasked_case, perplexity, perplexity:PATH or module:function)"
 )
 
 OLD_NAMES = {

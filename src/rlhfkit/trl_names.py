@@ -727,7 +727,7 @@ RL_SCRIPT_ARGUMENTS: dict[str, Answer] = {
     "reward_model_name_or_path": ours("reward_model"),
     "reward_funcs": ours(
         "reward_functions",
-        note="digits, gold, instructions, sentiment, "
+        note="digits, gold, instructions, sentiment, unasked_case, "
         "perplexity, perplexity:PATH or module:function",
     ),
 }

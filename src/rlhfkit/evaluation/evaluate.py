@@ -30,6 +30,7 @@ from rlhfkit.evaluation.measures import (
     reward_model_accuracy,
     side_by_side,
     summarize,
+    unasked_rates,
 )
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import load_reward_models
@@ -229,7 +230,9 @@ def evaluate(config: EvalConfig) -> list[dict]:
 
 def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -> list[dict]:
     sampled = bool(config.models) or _samples_best_of_n(config, setup)
-    named, table, curve, parts = _sampled_rows(config, setup) if sampled else ({}, [], [], None)
+    named, table, curve, parts, unasked = (
+        _sampled_rows(config, setup) if sampled else ({}, [], [], None, None)
+    )
     accuracy = None
     if comparisons is not None:
         gold_fn = None if config.task is None else REWARD_FUNCTIONS[config.task]
@@ -248,6 +251,7 @@ def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -
         "best_of_n": curve,
         "reward_model": accuracy,
         "pass_rates": parts,
+        "unasked": unasked,
         "samples": side_by_side(named, config.num_samples, setup.written),
         "config": dataclasses.asdict(config),
     }
@@ -265,13 +269,17 @@ def _samples_best_of_n(config: EvalConfig, setup: _Setup) -> bool:
 
 def _sampled_rows(
     config: EvalConfig, setup: _Setup
-) -> tuple[dict[str, PolicySamples], list[dict], list[dict], list[dict] | None]:
+) -> tuple[dict[str, PolicySamples], list[dict], list[dict], list[dict] | None, list[dict] | None]:
     """Every model's samples (and best-of-n's) on the prompts, the results table with KL to
-    the reference, the best-of-n curve, and the models' pass rates per part of the gold score
-    (None for a task without parts)."""
+    the reference, the best-of-n curve, the models' pass rates per part of the gold score and
+    their rates of shapes nobody asked for (each None for a task without them)."""
     named = _evaluate_models(config, setup)
     baseline = named.pop(None)
-    parts = pass_rates(named, setup.breakdown) if setup.breakdown is not None else None
+    breakdown = setup.breakdown
+    parts = pass_rates(named, breakdown) if breakdown is not None else None
+    unasked = None
+    if breakdown is not None and breakdown.unasked is not None:
+        unasked = unasked_rates(named, breakdown.unasked)
     size = len(setup.prompts)
     table = [
         {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": size}
@@ -292,4 +300,4 @@ def _sampled_rows(
         )
         row = summarize(name, named[name], baseline.first(len(bon_prompts)))
         table.append({**row, "kl_method": "analytic", "prompts": len(bon_prompts)})
-    return named, table, curve, parts
+    return named, table, curve, parts, unasked

@@ -24,7 +24,10 @@ What is measured follows the papers whose pictures it reproduces:
 - Where a task's gold score is made of checkable parts (the constraint kinds of the
   instructions task, as IFEval's per-instruction accuracy, Zhou et al. 2023), the share of
   each model's responses meeting each part, among the prompts that ask for it, and pooled over
-  the parts held out of training and over the rest (``pass_rates``).
+  the parts held out of training and over the rest (``pass_rates``); and where the task
+  says which shapes a prompt leaves unasked (all lowercase, a list), the share of each
+  model's responses that take them anyway, a side effect the gold score does not see
+  (``unasked_rates``).
 
 Every model samples with the same seed and the same prompts, so two runs of the same model
 give the same numbers. Sampling is at the training temperature (1 by default) without top-k /
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -383,34 +386,62 @@ def gold_scorer(task: str | None) -> Scorer | None:
     return None if task is None else FunctionScorer(REWARD_FUNCTIONS[task], name=f"gold:{task}")
 
 
+def _tally(
+    named: dict[str, PolicySamples], judge: Callable[[str, str], dict[str, bool]]
+) -> dict[str, dict[str, list[int]]]:
+    """part -> model -> [responses that have it, prompts it applies to], where ``judge`` maps
+    (prompt, response) to whether the response has each part that applies to the prompt."""
+    counts: dict[str, dict[str, list[int]]] = {}
+    for name, samples in named.items():
+        for prompt, response in zip(samples.prompts, samples.responses, strict=True):
+            for part, has in judge(prompt, response).items():
+                tally = counts.setdefault(part, {}).setdefault(name, [0, 0])
+                tally[0] += int(has)
+                tally[1] += 1
+    return counts
+
+
+def _share_row(
+    counts: dict[str, dict[str, list[int]]],
+    models: Iterable[str],
+    parts: list[str],
+    count_key: str,
+    **label,
+) -> dict[str, Any]:
+    """``label``, then how many prompts the ``parts`` apply to (under ``count_key``) and per
+    model the share of its responses that have them (every model answered the same prompts)."""
+    out: dict[str, Any] = dict(label)
+    for name in models:
+        out[count_key] = sum(counts[p][name][1] for p in parts)
+        out[name] = sum(counts[p][name][0] for p in parts) / out[count_key]
+    return out
+
+
 def pass_rates(named: dict[str, PolicySamples], breakdown: Breakdown) -> list[dict]:
     """One row per part of the gold score (training parts first, then held-out ones), then the
     training and the held-out parts pooled: ``asked``, how many prompts ask for it, and per
     model the share of its responses that meet it (every model answered the same prompts)."""
-    counts: dict[str, dict[str, list[int]]] = {}  # part -> model -> [met, asked]
-    for name, samples in named.items():
-        for prompt, response in zip(samples.prompts, samples.responses, strict=True):
-            for part, met in breakdown.parts(prompt, response).items():
-                tally = counts.setdefault(part, {}).setdefault(name, [0, 0])
-                tally[0] += int(met)
-                tally[1] += 1
-
-    def row(label: str, held_out: bool, parts: list[str]) -> dict:
-        out: dict[str, Any] = {"part": label, "held_out": held_out}
-        for name in named:
-            met = sum(counts[p][name][0] for p in parts)
-            asked = sum(counts[p][name][1] for p in parts)
-            out["asked"] = asked
-            out[name] = met / asked
-        return out
-
+    counts = _tally(named, breakdown.parts)
     ordered = sorted(counts, key=lambda p: (p in breakdown.held_out, p))
-    rows = [row(p, p in breakdown.held_out, [p]) for p in ordered]
+    rows = [
+        _share_row(counts, named, [p], "asked", part=p, held_out=p in breakdown.held_out)
+        for p in ordered
+    ]
     for held_out, label in ((False, "all training parts"), (True, "all held-out parts")):
         parts = [p for p in ordered if (p in breakdown.held_out) == held_out]
         if parts:
-            rows.append(row(label, held_out, parts))
+            rows.append(_share_row(counts, named, parts, "asked", part=label, held_out=held_out))
     return rows
+
+
+def unasked_rates(
+    named: dict[str, PolicySamples], unasked: Callable[[str, str], dict[str, bool]]
+) -> list[dict]:
+    """One row per shape a prompt can leave unasked (``Breakdown.unasked``): ``unasked``, how
+    many prompts do not ask for it, and per model the share of its responses to them that
+    take it anyway, a side effect the gold score does not see."""
+    counts = _tally(named, unasked)
+    return [_share_row(counts, named, [s], "unasked", shape=s) for s in sorted(counts)]
 
 
 def side_by_side(

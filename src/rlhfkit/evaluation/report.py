@@ -246,6 +246,24 @@ def _pass_rate_lines(rows: Sequence[Mapping[str, Any]] | None) -> list[str]:
     ]
 
 
+def _unasked_lines(rows: Sequence[Mapping[str, Any]] | None) -> list[str]:
+    """Per shape a prompt can leave unasked, the share of each model's responses that take it."""
+    if not rows:
+        return []
+    models = [k for k in rows[0] if k not in ("shape", "unasked")]
+    return [
+        "## Shapes nobody asked for",
+        "",
+        format_table(rows, ["shape", "unasked", *models]),
+        "",
+        "Each shape counts the prompts that do not ask for it (`unasked`) and the share of each "
+        "model's responses to them that take it anyway: all in lowercase, all in capitals, a "
+        "list of two or more items. The gold score does not charge for them; a rise over the "
+        "SFT model is a side effect of training on it.",
+        "",
+    ]
+
+
 TIMING_NOTE = (
     "`peak_memory_gib`: the most resident memory the process that ran the stage had held by "
     "its end; the pipeline runs its stages in one process, so this includes every stage before "
@@ -515,6 +533,7 @@ def write_report(
     lines = [
         *_results_lines(result, title),
         *_pass_rate_lines(result.get("pass_rates")),
+        *_unasked_lines(result.get("unasked")),
         *_overoptimization_lines(result, ppo_points, run_dir, stage_dirs.get("ppo")),
         *(_rounds_lines(rounds, run_dir) if len(rounds) > 1 else []),
         *_curves_lines(stage_dirs, run_dir),

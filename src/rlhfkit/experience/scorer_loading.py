@@ -125,8 +125,9 @@ def build_scorer(
 
 
 # --------------------------------------------------------------------------- scorers from specs
+_BUNDLED_SPECS = "digits | gold | instructions | sentiment | unasked_case (rlhfkit.tasks)"
 SCORER_SPECS = (
-    "digits | gold | instructions | sentiment (rlhfkit.tasks), perplexity (under the policy), "
+    f"{_BUNDLED_SPECS}, perplexity (under the policy), "
     "perplexity:PATH (under the causal LM at PATH), a reward model directory, module:function"
 )
 
@@ -144,7 +145,7 @@ def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = N
 
 
 REWARD_FUNCTION_SPECS = (
-    "digits | gold | instructions | sentiment (rlhfkit.tasks), perplexity (under the policy), "
+    f"{_BUNDLED_SPECS}, perplexity (under the policy), "
     "perplexity:PATH (under the causal LM at PATH), module:function"
 )
 
@@ -184,7 +185,7 @@ def reward_function_scorer(
 
 def _bundled() -> dict[str, Callable]:
     """The reward functions of the bundled tasks, by name."""
-    return {**tasks.REWARD_FUNCTIONS, "gold": tasks.gold_reward}
+    return {**tasks.REWARD_FUNCTIONS, "gold": tasks.gold_reward, **tasks.SHAPING_REWARDS}
 
 
 def load_reward_model(

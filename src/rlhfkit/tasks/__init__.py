@@ -56,6 +56,7 @@ from pathlib import Path
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
 from rlhfkit.tasks import instructions
+from rlhfkit.tasks.instructions import check_lengths
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 BASE_MODEL_DIR = ASSETS_DIR / "base"
@@ -161,21 +162,16 @@ def digits_score(text: str, cap: int = DIGITS_CAP) -> float:
     return float(min(cap, count))
 
 
-def _check_lengths(prompts: Sequence[str], responses: Sequence[str]) -> None:
-    if len(prompts) != len(responses):
-        raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
-
-
 def gold_reward(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
     """Reward function of the sentiment task: ``gold_score`` of each response. The prompt is
     not scored: the policy is rewarded only for what it wrote."""
-    _check_lengths(prompts, responses)
+    check_lengths(prompts, responses)
     return [gold_score(r) for r in responses]
 
 
 def digits_reward(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
     """Reward function of the digits task: ``digits_score`` of each response."""
-    _check_lengths(prompts, responses)
+    check_lengths(prompts, responses)
     return [digits_score(r) for r in responses]
 
 
@@ -184,6 +180,10 @@ REWARD_FUNCTIONS = {
     "digits": digits_reward,
     "instructions": instructions.instructions_reward,
 }
+"""The gold judge of each built-in task, by the task's name."""
+
+SHAPING_REWARDS = {"unasked_case": instructions.unasked_case_reward}
+"""Reward functions that judge no task alone but go beside a judge's score, by name."""
 
 
 @dataclass(frozen=True)
@@ -194,8 +194,13 @@ class Breakdown:
     """(prompt, response) -> whether the response meets each part the prompt asks for."""
     held_out: frozenset[str] = frozenset()
     """Parts that never appear in the training prompts."""
+    unasked: Callable[[str, str], dict[str, bool]] | None = None
+    """(prompt, response) -> for each shape the prompt does not ask for, whether the response
+    takes it: side effects the gold score does not see."""
 
 
 BREAKDOWNS = {
-    "instructions": Breakdown(instructions.passed_constraints, instructions.HELDOUT_KINDS),
+    "instructions": Breakdown(
+        instructions.passed_constraints, instructions.HELDOUT_KINDS, instructions.unasked_shapes
+    ),
 }

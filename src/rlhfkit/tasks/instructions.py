@@ -57,6 +57,15 @@ is met by "ok ok ok". The guard gives 0 to a response that is
 
 A prompt in which the parser finds no constraint is a ValueError, not a score: the judge is for
 this task's prompts, and a silent 0 or 1 for any other would hide the mistake.
+
+The judge scores only what a prompt asks for, so it never charges for a shape nobody asked
+for: an answer all in lowercase meets every other kind as well as one in the normal case. A
+policy trained on it learns lowercase where a prompt asks for it and may carry it over to the
+prompts that do not. ``unasked_shapes`` says which shapes a response takes that its prompt did
+not ask for (all lowercase, all capitals, a list), for an evaluation to report, and
+``unasked_case_reward`` charges -1 for a letter case nobody asked for, a reward function to add
+beside the judge (``reward_functions: [instructions, unasked_case]``) where that carry-over
+matters. Lists are reported, not charged: a list is a fair answer to "Name a few fruits."
 """
 
 from __future__ import annotations
@@ -744,8 +753,42 @@ def passed_constraints(prompt: str, response: str) -> dict[str, bool]:
     return results
 
 
-def instructions_reward(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
-    """Reward function of the instructions task: ``instruction_score`` of each response."""
+def check_lengths(prompts: Sequence[str], responses: Sequence[str]) -> None:
+    """A reward function's arguments pair up: one response per prompt."""
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
+
+
+UNASKED_SHAPES = ("lowercase", "uppercase", "list")
+_CASE_KINDS = frozenset({"lowercase", "uppercase"})
+_LIST_KINDS = frozenset({"bullets", "numbered"})
+
+
+def unasked_shapes(prompt: str, response: str) -> dict[str, bool]:
+    """For each shape of ``UNASKED_SHAPES`` the prompt does not ask for, whether ``response``
+    takes it: "lowercase" and "uppercase", every letter in that case (the checks of those
+    kinds); "list", two or more lines that are bullet or numbered items. A prompt that asks for
+    a letter case has neither letter-case key, one that asks for bullets or a numbered list has
+    no "list" key. Any prompt will do: one without constraints asks for no shape."""
+    asked = {c.kind for c in _parse(prompt)}
+    shapes: dict[str, bool] = {}
+    if not asked & _CASE_KINDS:
+        shapes["lowercase"] = _lowercase(Constraint("lowercase"), response)
+        shapes["uppercase"] = _uppercase(Constraint("uppercase"), response)
+    if not asked & _LIST_KINDS:
+        shapes["list"] = _items(response, _LIST_MARKER) >= 2
+    return shapes
+
+
+def unasked_case_reward(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+    """-1 for each response written all in lowercase or all in capitals where its prompt asks
+    for no letter case (``unasked_shapes``), else 0."""
+    check_lengths(prompts, responses)
+    unasked = (unasked_shapes(p, r) for p, r in zip(prompts, responses, strict=True))
+    return [-1.0 if s.get("lowercase") or s.get("uppercase") else 0.0 for s in unasked]
+
+
+def instructions_reward(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+    """Reward function of the instructions task: ``instruction_score`` of each response."""
+    check_lengths(prompts, responses)
     return [instruction_score(p, r) for p, r in zip(prompts, responses, strict=True)]
