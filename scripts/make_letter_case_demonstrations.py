@@ -79,7 +79,16 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
-def main() -> None:
+def shown(path: Path) -> str:
+    """``path`` as the stats name it: under the bundled data folder, relative to it, so that
+    the stats of the bundled copy do not depend on where the repository lies."""
+    try:
+        return str(path.resolve().relative_to(INSTRUCTIONS_DATA_DIR.parent.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=INSTRUCTIONS_DATA_DIR)
     parser.add_argument(
@@ -94,7 +103,7 @@ def main() -> None:
     parser.add_argument("--min-gold", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.out.exists():
         raise SystemExit(f"--out {args.out}: exists; give a new folder")
 
@@ -112,7 +121,7 @@ def main() -> None:
     write_jsonl(train, args.out / "sft" / "train.jsonl")
     write_jsonl(test, args.out / "sft" / "test.jsonl")
     stats = {
-        "from": {"demonstrations": str(args.data / "sft"), "rankings": str(args.rankings)},
+        "from": {"demonstrations": shown(args.data / "sft"), "rankings": shown(args.rankings)},
         "candidates": len(candidates),
         "added": len(added),
         "untouched_candidates": len(others),

@@ -595,3 +595,13 @@ def test_letter_case_demonstrations_are_corrected_as_a_labeller_would():
     ]
     untouched = {"prompt": plain, "response": answer, "gold": 1.0}  # as sampled
     assert script.best_samples(rankings, min_gold=0.5, letter_case=False) == [untouched]
+
+
+def test_the_bundled_letter_case_demonstrations_are_the_script_s_output(tmp_path):
+    bundled = tasks.INSTRUCTIONS_DATA_DIR.with_name("instructions_letter_case")
+    load_script(LETTER_CASE_SCRIPT).main(["--untouched", "450", "--out", str(tmp_path / "lc")])
+    for name in ("sft/train.jsonl", "sft/test.jsonl", "stats.json"):
+        assert (tmp_path / "lc" / name).read_bytes() == (bundled / name).read_bytes(), name
+    stats = json.loads((bundled / "stats.json").read_text())
+    assert (stats["added"], stats["untouched"], stats["train"]) == (150, 450, 833)
+    assert stats["from"]["rankings"] == "instructions_k8/rankings/train.jsonl"

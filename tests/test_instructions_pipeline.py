@@ -8,6 +8,7 @@ evaluated on the test prompts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from rlhfkit import checkpoint as ckpt
-from rlhfkit.config import ConfigError, load_config
+from rlhfkit.config import ConfigError, SFTConfig, load_config
 from rlhfkit.evaluation.evaluate import EvalConfig
 from rlhfkit.evaluation.measures import PolicySamples, pass_rates, unasked_rates
 from rlhfkit.evaluation.report import load_eval, write_report
@@ -23,6 +24,7 @@ from rlhfkit.pipeline.config import PipelineConfig, stage_configs
 from rlhfkit.pipeline.rounds import round_summaries
 from rlhfkit.pipeline.run import run_pipeline
 from rlhfkit.tasks import BREAKDOWNS, INSTRUCTIONS_DATA_DIR
+from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.ppo_config import PPOConfig
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "instructions_smollm2.yaml"
@@ -30,6 +32,9 @@ GPU_CONFIG = CONFIG.with_name("instructions_smollm2_gpu.yaml")
 ROUNDS_CONFIG = CONFIG.with_name("instructions_smollm2_rounds.yaml")
 CHECKER_CONFIG = CONFIG.with_name("instructions_smollm2_ppo_checker.yaml")
 CHECKER_EVAL_CONFIG = CONFIG.with_name("instructions_smollm2_ppo_checker_eval.yaml")
+LETTER_CASE_SFT_CONFIG = CONFIG.with_name("instructions_smollm2_letter_case_sft.yaml")
+LETTER_CASE_GRPO_CONFIG = CONFIG.with_name("instructions_smollm2_grpo_letter_case.yaml")
+LETTER_CASE_EVAL_CONFIG = CONFIG.with_name("instructions_smollm2_grpo_letter_case_eval.yaml")
 FEW = {"max_steps": 2, "batch_size": 4, "report_to": ["none"], "log_every": 1, "max_length": 96}
 SMALL = {
     "sft": {**FEW, "eval_batch_size": 8, "max_train_samples": 8, "max_eval_samples": 4},
@@ -122,6 +127,38 @@ def test_ppo_on_the_checker_starts_from_the_pipeline_s_sft_and_is_evaluated_on_t
     assert evaluation.reference == str(sft.final_dir) and evaluation.reward_model is None
     assert (evaluation.split, evaluation.max_prompts, evaluation.num_samples) == ("test", 256, 256)
     assert Path(evaluation.prompts).resolve() == prompts and evaluation.task == "instructions"
+
+
+def test_grpo_from_the_letter_case_sft_is_the_pipeline_s_sft_on_more_demonstrations():
+    pipeline_sft = stage_configs(load_config(PipelineConfig, CONFIG)).sft
+    sft = load_config(SFTConfig, LETTER_CASE_SFT_CONFIG)
+    data = INSTRUCTIONS_DATA_DIR.with_name("instructions_letter_case") / "sft"
+    assert Path(sft.train_data).resolve() == Path(sft.eval_data).resolve() == data
+    moved = {"output_dir", "train_data", "eval_data"}
+    differ = {
+        k
+        for k, v in dataclasses.asdict(sft).items()
+        if getattr(pipeline_sft, k) != v and k not in moved
+    }
+    assert not differ, differ  # every other field as the pipeline's own SFT stage
+    grpo = load_config(GRPOConfig, LETTER_CASE_GRPO_CONFIG)
+    assert grpo.model == str(sft.final_dir) and grpo.reference is None
+    assert grpo.reward_model is None and grpo.reward_functions == ["instructions"]
+    assert (grpo.eval_split, grpo.max_eval_samples, grpo.eval_every) == ("validation", None, 40)
+    assert grpo.metric_for_best_model == "eval/gold" and grpo.load_best_model_at_end
+    assert grpo.gold_functions == ["instructions"]
+    evaluation = load_config(EvalConfig, LETTER_CASE_EVAL_CONFIG)
+    assert evaluation.models == {
+        "sft": str(pipeline_sft.final_dir),
+        "sft_letter_case": str(sft.final_dir),
+        "grpo_letter_case": str(grpo.final_dir),
+    }
+    assert evaluation.reference == str(pipeline_sft.final_dir)
+    assert (evaluation.split, evaluation.max_prompts, evaluation.task) == (
+        "test",
+        256,
+        "instructions",
+    )
 
 
 def test_grpo_arm_needs_a_reward_without_a_task():
