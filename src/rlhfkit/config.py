@@ -447,8 +447,8 @@ class EvalPromptOptions:
     """Use only the first this many evaluation prompts; None uses all."""
     gold_functions: list[str] = dataclasses.field(default_factory=list)
     """Reward functions named as in `reward_functions` (digits, gold, instructions, sentiment,
-    unasked_case, module:function) that score the held-out samples at each evaluation beside the training
-    scorer, their sum logged as `eval/gold`. Never trained on: the true measure, where the
+    unasked_case, module:function) that score the held-out samples at each evaluation beside
+    the training scorer, their sum logged as `eval/gold`. Never trained on: the true measure, where the
     training reward is a learnt proxy (a reward model), so that over-optimisation shows while
     the run goes (the gold falls while `eval/score` rises). Needs `eval_data`."""
 

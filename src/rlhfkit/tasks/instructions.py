@@ -759,17 +759,16 @@ def check_lengths(prompts: Sequence[str], responses: Sequence[str]) -> None:
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
 
 
-UNASKED_SHAPES = ("lowercase", "uppercase", "list")
 _CASE_KINDS = frozenset({"lowercase", "uppercase"})
 _LIST_KINDS = frozenset({"bullets", "numbered"})
 
 
 def unasked_shapes(prompt: str, response: str) -> dict[str, bool]:
-    """For each shape of ``UNASKED_SHAPES`` the prompt does not ask for, whether ``response``
-    takes it: "lowercase" and "uppercase", every letter in that case (the checks of those
-    kinds); "list", two or more lines that are bullet or numbered items. A prompt that asks for
-    a letter case has neither letter-case key, one that asks for bullets or a numbered list has
-    no "list" key. Any prompt will do: one without constraints asks for no shape."""
+    """For each shape the prompt does not ask for, whether ``response`` takes it: "lowercase"
+    and "uppercase", every letter in that case (the checks of those kinds); "list", two or
+    more lines that are bullet or numbered items. A prompt that asks for a letter case has
+    neither letter-case key, one that asks for bullets or a numbered list has no "list" key.
+    Any prompt will do: one without constraints asks for no shape."""
     asked = {c.kind for c in _parse(prompt)}
     shapes: dict[str, bool] = {}
     if not asked & _CASE_KINDS:
