@@ -6,7 +6,8 @@
 import pytest
 import torch
 
-from rlhfkit.config import ConfigError
+from rlhfkit import trl_names
+from rlhfkit.config import ConfigError, config_parser
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.perplexity import PerplexityScorer
 from rlhfkit.experience.scorer_loading import build_scorer, reward_function_scorer
@@ -14,7 +15,7 @@ from rlhfkit.experience.scorers import RewardModelScorer, ScoreInput, WeightedSc
 from rlhfkit.interact.chat import ChatConfig, SampleConfig
 from rlhfkit.interact.sampling import BestOfNConfig
 from rlhfkit.models.loading import RewardModel
-from rlhfkit.tasks import digits_score, gold_score
+from rlhfkit.tasks import BUNDLED_REWARDS, digits_score, gold_score
 from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.ppo_config import PPOConfig
 
@@ -61,6 +62,13 @@ def test_every_kind_of_name_resolves(tiny_model_dir, reward_model_dir, tiny_toke
         build_scorer(None, ["perplexity"])  # ppo/grpo: no policy to measure it under
     scorer = build_scorer(str(reward_model_dir), tokenizer=tiny_tokenizer)
     assert isinstance(scorer, RewardModelScorer)
+
+
+def test_every_help_that_lists_the_bundled_names_lists_them_all():
+    helps = {action.dest: action.help for action in config_parser(GRPOConfig)._actions}
+    trl_note = trl_names.RL_SCRIPT_ARGUMENTS["reward_funcs"].note
+    for text in (helps["reward_functions"], helps["gold_functions"], trl_note):
+        assert [name for name in BUNDLED_REWARDS if name not in text] == [], text
 
 
 def test_a_misplaced_or_unknown_name_says_what_is_allowed(reward_model_dir):

@@ -24,7 +24,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from rlhfkit import trl_names
+from rlhfkit import tasks, trl_names
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.experience.scorers import Scorer
@@ -697,8 +697,8 @@ def load_config(
 
 
 _SCORER = (
-    "--reward_model DIR (a reward model) or --reward_functions NAME (digits, gold, "
-    "instructions, sentiment, unasked_case, perplexity, perplexity:PATH or module:function)"
+    "--reward_model DIR (a reward model) or --reward_functions NAME "
+    f"({', '.join(sorted(tasks.BUNDLED_REWARDS))}, perplexity, perplexity:PATH or module:function)"
 )
 
 OLD_NAMES = {

@@ -125,7 +125,7 @@ def build_scorer(
 
 
 # --------------------------------------------------------------------------- scorers from specs
-_BUNDLED_SPECS = "digits | gold | instructions | sentiment | unasked_case (rlhfkit.tasks)"
+_BUNDLED_SPECS = f"{' | '.join(sorted(tasks.BUNDLED_REWARDS))} (rlhfkit.tasks)"
 SCORER_SPECS = (
     f"{_BUNDLED_SPECS}, perplexity (under the policy), "
     "perplexity:PATH (under the causal LM at PATH), a reward model directory, module:function"
@@ -138,7 +138,7 @@ def parse_scorer(spec: str, *, tokenizer=None, model: torch.nn.Module | None = N
     ``model`` is the causal LM bare "perplexity" is measured under; ``tokenizer`` is the
     policy's: a reward model with another one scores texts (``load_reward_scorer``).
     """
-    named = spec in _bundled() or spec.partition(":")[0] == "perplexity"
+    named = spec in tasks.BUNDLED_REWARDS or spec.partition(":")[0] == "perplexity"
     if not named and Path(spec).is_dir():
         return load_reward_scorer(spec, tokenizer)
     return reward_function_scorer(spec, tokenizer=tokenizer, model=model)
@@ -160,9 +160,8 @@ def reward_function_scorer(
     """A ``Scorer`` from one name of ``reward_functions`` (``REWARD_FUNCTION_SPECS``): the one
     place those names resolve, for every command. ``model`` and ``tokenizer`` as in
     ``parse_scorer``; ``trust_remote_code`` for the model of perplexity:PATH."""
-    bundled = _bundled()
-    if spec in bundled:
-        return FunctionScorer(bundled[spec], name=spec)
+    if spec in tasks.BUNDLED_REWARDS:
+        return FunctionScorer(tasks.BUNDLED_REWARDS[spec], name=spec)
     if spec == "perplexity":
         if model is None:
             raise UsageError("reward 'perplexity' needs a model here; use perplexity:PATH")
@@ -181,11 +180,6 @@ def reward_function_scorer(
     raise UsageError(
         f"reward function {spec!r}: not a known scorer; allowed: {REWARD_FUNCTION_SPECS}"
     )
-
-
-def _bundled() -> dict[str, Callable]:
-    """The reward functions of the bundled tasks, by name."""
-    return {**tasks.REWARD_FUNCTIONS, "gold": tasks.gold_reward, **tasks.SHAPING_REWARDS}
 
 
 def load_reward_model(

@@ -185,6 +185,10 @@ REWARD_FUNCTIONS = {
 SHAPING_REWARDS = {"unasked_case": instructions.unasked_case_reward}
 """Reward functions that judge no task alone but go beside a judge's score, by name."""
 
+BUNDLED_REWARDS = {**REWARD_FUNCTIONS, "gold": gold_reward, **SHAPING_REWARDS}
+"""Every reward function rlhfkit ships, by the name ``reward_functions`` takes ("gold" is the
+sentiment task's judge under its older name)."""
+
 
 @dataclass(frozen=True)
 class Breakdown:
