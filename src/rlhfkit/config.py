@@ -24,9 +24,9 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from rlhfkit import tasks, trl_names
+from rlhfkit import trl_names
 from rlhfkit.experience.generation import SamplingConfig
-from rlhfkit.experience.scorer_loading import build_scorer
+from rlhfkit.experience.scorer_loading import REWARD_FUNCTION_SPECS, build_scorer
 from rlhfkit.experience.scorers import Scorer
 from rlhfkit.ops import ENSEMBLE_RULES
 from rlhfkit.tracking import report_to_problem
@@ -697,8 +697,7 @@ def load_config(
 
 
 _SCORER = (
-    "--reward_model DIR (a reward model) or --reward_functions NAME "
-    f"({', '.join(sorted(tasks.BUNDLED_REWARDS))}, perplexity, perplexity:PATH or module:function)"
+    f"--reward_model DIR (a reward model) or --reward_functions NAME ({REWARD_FUNCTION_SPECS})"
 )
 
 OLD_NAMES = {
