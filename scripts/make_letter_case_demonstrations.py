@@ -16,7 +16,11 @@ them. Here, without any model:
   no letter case (rejection sampling from the stored samples, at least ``--min-gold``), so the
   corrected answers are not most of what SFT sees: 150 corrected ones alone made half the
   demonstrations ask for a letter case, against a quarter of the task's prompts, and taught
-  lowercase where no prompt asked for it.
+  lowercase where no prompt asked for it;
+- ``--paired`` adds, for each demonstration that asks for a letter case, its twin: the same
+  prompt with the letter-case phrasing taken out and the answer as sampled, in the normal
+  case (kept when it scores at least ``--min-gold``), so that SFT sees the same answer in
+  both cases with nothing but the instruction to tell them apart.
 
 The output folder holds ``sft/{train,test}.jsonl`` and ``stats.json``; train on it with a
 stage's ``train_data`` (docs/instructions.md, "Where GRPO's curve flattens"). Usage::
@@ -29,11 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 from pathlib import Path
 
 from rlhfkit.labelling.export import write_jsonl
 from rlhfkit.tasks import INSTRUCTIONS_DATA_DIR
-from rlhfkit.tasks.instructions import instruction_score, parse_constraints
+from rlhfkit.tasks.instructions import KINDS, instruction_score, parse_constraints
 
 CASES = {"lowercase": str.lower, "uppercase": str.upper}
 
@@ -59,19 +64,57 @@ def corrected(demonstration: dict) -> dict:
     return {**demonstration, "response": fixed, "gold": instruction_score(prompt, fixed)}
 
 
+def _cut(text: str, match: re.Match) -> str:
+    """``text`` without the phrasing ``match`` found: a fragment with the comma before it, a
+    sentence with the period after it."""
+    head, tail = text[: match.start()].rstrip(), text[match.end() :]
+    if head.endswith(","):
+        return head[:-1] + tail
+    return f"{head} {tail.lstrip('. ')}".strip()
+
+
+def without_asked_case(prompt: str) -> str | None:
+    """``prompt`` with its letter-case phrasing taken out: a fragment (", all in lowercase")
+    with its comma, a sentence with its period. None where no other constraint is left (the
+    checker scores none) or what is left would state others than the prompt's."""
+    text = prompt
+    for pattern in (p for kind in CASES for p in KINDS[kind].patterns()):
+        for match in reversed(list(pattern.finditer(text))):
+            text = _cut(text, match)
+    others = [c for c in parse_constraints(prompt) if c.kind not in CASES]
+    return text if others and parse_constraints(text) == others else None
+
+
+def unasked_twin(demonstration: dict, min_gold: float) -> dict | None:
+    """A demonstration as sampled, in the normal case, for its prompt with the letter-case
+    phrasing taken out; None where that prompt cannot be had or the answer scores under
+    ``min_gold`` for it."""
+    prompt = without_asked_case(demonstration["prompt"])
+    if prompt is None:
+        return None
+    gold = instruction_score(prompt, demonstration["response"])
+    return (
+        {"prompt": prompt, "response": demonstration["response"], "gold": gold}
+        if gold >= min_gold
+        else None
+    )
+
+
 def best_samples(rankings: list[dict], min_gold: float, letter_case: bool) -> list[dict]:
     """For each ranked prompt that asks for a letter case (``letter_case``), or for none (not),
-    its best sample in the asked case, where that scores at least ``min_gold``."""
+    its best sample once put in the asked case, as sampled, where the corrected one scores at
+    least ``min_gold``."""
     found = []
     for record in rankings:
         prompt = record["prompt"]
         if bool(asked_cases(prompt)) != letter_case:
             continue
-        fixed = [in_asked_case(prompt, response) for response in record["responses"]]
-        golds = [instruction_score(prompt, response) for response in fixed]
-        best = max(range(len(fixed)), key=golds.__getitem__)
+        golds = [instruction_score(prompt, in_asked_case(prompt, r)) for r in record["responses"]]
+        best = max(range(len(golds)), key=golds.__getitem__)
         if golds[best] >= min_gold:
-            found.append({"prompt": prompt, "response": fixed[best], "gold": golds[best]})
+            response = record["responses"][best]
+            gold = instruction_score(prompt, response)
+            found.append({"prompt": prompt, "response": response, "gold": gold})
     return found
 
 
@@ -100,6 +143,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--untouched", type=int, default=0, help="best samples of other prompts to add as well"
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="add each letter-case demonstration's twin: the prompt without the letter case",
+    )
     parser.add_argument("--min-gold", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
@@ -114,8 +162,12 @@ def main(argv: list[str] | None = None) -> None:
     others = best_samples(rankings, args.min_gold, letter_case=False)
     random.Random(args.seed + 2).shuffle(others)
     untouched = others[: args.untouched]
-    train = [corrected(d) for d in read_jsonl(args.data / "sft" / "train.jsonl")]
-    train += added + untouched
+    demonstrations = read_jsonl(args.data / "sft" / "train.jsonl")
+    asking = [d for d in demonstrations if asked_cases(d["prompt"])] + added
+    twins = (
+        [t for t in (unasked_twin(d, args.min_gold) for d in asking) if t] if args.paired else []
+    )
+    train = [corrected(d) for d in demonstrations + added] + untouched + twins
     random.Random(args.seed + 1).shuffle(train)
     test = [corrected(d) for d in read_jsonl(args.data / "sft" / "test.jsonl")]
     write_jsonl(train, args.out / "sft" / "train.jsonl")
@@ -126,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         "added": len(added),
         "untouched_candidates": len(others),
         "untouched": len(untouched),
+        "twins": len(twins),
         "asking_a_letter_case": sum(bool(asked_cases(d["prompt"])) for d in train),
         "train": len(train),
         "test": len(test),

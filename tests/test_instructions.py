@@ -590,11 +590,48 @@ def test_letter_case_demonstrations_are_corrected_as_a_labeller_would():
         {"prompt": plain, "responses": ["ok.", answer]},  # no letter case asked
     ]
     assert len(script.best_samples(rankings, min_gold=0.5, letter_case=True)) == 2
-    assert script.best_samples(rankings, min_gold=1.0, letter_case=True) == [
-        {"prompt": lower, "response": answer.lower(), "gold": 1.0}
-    ]
+    best = script.best_samples(rankings, min_gold=1.0, letter_case=True)
+    assert best == [{"prompt": lower, "response": answer, "gold": 0.0}]  # as sampled
+    assert script.corrected(best[0]) == {"prompt": lower, "response": answer.lower(), "gold": 1.0}
     untouched = {"prompt": plain, "response": answer, "gold": 1.0}  # as sampled
     assert script.best_samples(rankings, min_gold=0.5, letter_case=False) == [untouched]
+
+
+def test_a_letter_case_demonstration_s_twin_asks_for_no_letter_case():
+    script = load_script(LETTER_CASE_SCRIPT)
+    without = script.without_asked_case
+    plain = "Write a short note about the moon. Start your answer with the word 'today'."
+    assert without(plain.replace(". Start", ", all in lowercase. Start")) == plain
+    assert without(plain.replace(". Start", ". Answer in all caps. Start")) == plain
+    assert without(plain + " Do not use any capital letters.") == plain
+    assert without(plain) == plain
+    assert without("Describe the moon, all in lowercase.") is None  # nothing left to check
+
+    answer = "Today the moon rose over the hill."
+    demo = {"prompt": plain + " Use only uppercase letters.", "response": answer, "gold": 0.5}
+    twin = {"prompt": plain, "response": answer, "gold": 1.0}  # the answer in the normal case
+    assert script.unasked_twin(demo, min_gold=0.5) == twin
+    assert script.unasked_twin({**demo, "response": "The moon rose."}, min_gold=0.5) is None
+
+
+def test_paired_demonstrations_add_each_twin_beside_its_corrected_answer(tmp_path):
+    script = load_script(LETTER_CASE_SCRIPT)
+    script.main(["--untouched", "360", "--paired", "--out", str(tmp_path / "lc")])
+    stats = json.loads((tmp_path / "lc" / "stats.json").read_text())
+    assert (stats["twins"], stats["train"], stats["asking_a_letter_case"]) == (90, 833, 190)
+    train = [json.loads(line) for line in (tmp_path / "lc" / "sft" / "train.jsonl").open()]
+    asking = [d for d in train if script.asked_cases(d["prompt"])]
+    twins = [
+        d
+        for d in train
+        if any(
+            script.without_asked_case(a["prompt"]) == d["prompt"]
+            and script.in_asked_case(a["prompt"], d["response"]) == a["response"]
+            for a in asking
+        )
+    ]
+    assert len(twins) == 90
+    assert not any(script.asked_cases(d["prompt"]) for d in twins)
 
 
 def test_the_bundled_letter_case_demonstrations_are_the_script_s_output(tmp_path):
