@@ -93,11 +93,9 @@ def unasked_twin(demonstration: dict, min_gold: float) -> dict | None:
     if prompt is None:
         return None
     gold = instruction_score(prompt, demonstration["response"])
-    return (
-        {"prompt": prompt, "response": demonstration["response"], "gold": gold}
-        if gold >= min_gold
-        else None
-    )
+    if gold < min_gold:
+        return None
+    return {"prompt": prompt, "response": demonstration["response"], "gold": gold}
 
 
 def best_samples(rankings: list[dict], min_gold: float, letter_case: bool) -> list[dict]:
