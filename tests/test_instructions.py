@@ -614,12 +614,13 @@ def test_a_letter_case_demonstration_s_twin_asks_for_no_letter_case():
     assert script.unasked_twin({**demo, "response": "The moon rose."}, min_gold=0.5) is None
 
 
-def test_paired_demonstrations_add_each_twin_beside_its_corrected_answer(tmp_path):
+def test_paired_demonstrations_add_each_twin_beside_its_corrected_answer():
+    # the bundled demonstrations are paired (the script's output: the next test)
     script = load_script(LETTER_CASE_SCRIPT)
-    script.main(["--untouched", "360", "--paired", "--out", str(tmp_path / "lc")])
-    stats = json.loads((tmp_path / "lc" / "stats.json").read_text())
+    bundled = tasks.INSTRUCTIONS_DATA_DIR.with_name("instructions_letter_case")
+    stats = json.loads((bundled / "stats.json").read_text())
     assert (stats["twins"], stats["train"], stats["asking_a_letter_case"]) == (90, 833, 190)
-    train = [json.loads(line) for line in (tmp_path / "lc" / "sft" / "train.jsonl").open()]
+    train = [json.loads(line) for line in (bundled / "sft" / "train.jsonl").open()]
     asking = [d for d in train if script.asked_cases(d["prompt"])]
     twins = [
         d
@@ -636,9 +637,11 @@ def test_paired_demonstrations_add_each_twin_beside_its_corrected_answer(tmp_pat
 
 def test_the_bundled_letter_case_demonstrations_are_the_script_s_output(tmp_path):
     bundled = tasks.INSTRUCTIONS_DATA_DIR.with_name("instructions_letter_case")
-    load_script(LETTER_CASE_SCRIPT).main(["--untouched", "450", "--out", str(tmp_path / "lc")])
+    args = ["--untouched", "360", "--paired", "--out", str(tmp_path / "lc")]
+    load_script(LETTER_CASE_SCRIPT).main(args)
     for name in ("sft/train.jsonl", "sft/test.jsonl", "stats.json"):
         assert (tmp_path / "lc" / name).read_bytes() == (bundled / name).read_bytes(), name
     stats = json.loads((bundled / "stats.json").read_text())
-    assert (stats["added"], stats["untouched"], stats["train"]) == (150, 450, 833)
+    counts = {k: stats[k] for k in ("added", "untouched", "twins", "train")}
+    assert counts == {"added": 150, "untouched": 360, "twins": 90, "train": 833}
     assert stats["from"]["rankings"] == "instructions_k8/rankings/train.jsonl"

@@ -143,7 +143,8 @@ def test_grpo_from_the_letter_case_sft_is_the_pipeline_s_sft_on_more_demonstrati
     assert not differ, differ  # every other field as the pipeline's own SFT stage
     grpo = load_config(GRPOConfig, LETTER_CASE_GRPO_CONFIG)
     assert grpo.model == str(sft.final_dir) and grpo.reference is None
-    assert grpo.reward_model is None and grpo.reward_functions == ["instructions"]
+    assert grpo.reward_model is None and grpo.reward_functions == ["instructions", "unasked_case"]
+    assert grpo.reward_weights == [1.0, 0.5]  # the checker, and a charge for an unasked case
     assert (grpo.eval_split, grpo.max_eval_samples, grpo.eval_every) == ("validation", None, 40)
     assert grpo.metric_for_best_model == "eval/gold" and grpo.load_best_model_at_end
     assert grpo.gold_functions == ["instructions"]
