@@ -198,7 +198,7 @@ def test_bad_sources_and_arguments(tmp_path):
 def test_columns_map_our_fields_to_the_source(tmp_path):
     path = write_jsonl(tmp_path / "imdb.jsonl", [{"text": "A fine film.", "label": 1}])
     assert load_records(path, "prompts", columns={"prompt": "text"}) == [
-        PromptRecord("A fine film.")
+        PromptRecord("A fine film.", {"label": 1})  # the prompt's column is not repeated
     ]
     with pytest.raises(DataError, match=r"line 1: field 'prompt' \(column 'review'\) is missing"):
         load_records(path, "prompts", columns={"prompt": "review"})

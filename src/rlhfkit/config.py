@@ -525,9 +525,11 @@ class RewardOptions(RewardModelOptions):
     """Reward functions by name: digits, gold, instructions, sentiment (the bundled tasks),
     unasked_case (-1 for a letter case the prompt did not ask for, beside instructions),
     perplexity (under the policy), perplexity:PATH (under the causal LM at PATH), or
-    module:function, a Python `f(prompts, responses) -> list[float]` (imported and run: name
-    only code you trust). One name on the command line is a list of one:
-    `--reward_functions gold`."""
+    module:function, a Python reward function (imported and run: name only code you trust)
+    written TRL's way, `f(prompts, completions, completion_ids, **columns)`, which gets the
+    prompts as the data wrote them and every other column of their rows by name, or
+    rlhfkit's `f(prompts, responses) -> list[float]` on the decoded texts. One name on the
+    command line is a list of one: `--reward_functions gold`."""
     reward_weights: list[float] | None = None
     """Weights of [reward_model, *reward_functions] in the total score; None = all 1."""
 

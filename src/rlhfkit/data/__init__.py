@@ -35,10 +35,18 @@ Modules, in the order data flows through them:
 - `collate`: `pad` and the DataLoader collators built on it; `ranked_scores`.
 """
 
-from rlhfkit.data.collate import PairCollator, PromptCollator, SFTCollator, pad, ranked_scores
+from rlhfkit.data.collate import (
+    PairCollator,
+    PromptCollator,
+    PromptColumns,
+    SFTCollator,
+    pad,
+    ranked_scores,
+)
 from rlhfkit.data.encode import (
     IGNORE_INDEX,
     PreferenceExample,
+    PromptExample,
     SFTExample,
     TruncationReport,
     encode_comparisons,
@@ -76,6 +84,8 @@ __all__ = [
     "PreferenceExample",
     "Prompt",
     "PromptCollator",
+    "PromptColumns",
+    "PromptExample",
     "PromptRecord",
     "Ranking",
     "Record",

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from rlhfkit.data.encode import IGNORE_INDEX, PreferenceExample, SFTExample
+from rlhfkit.data.encode import IGNORE_INDEX, PreferenceExample, PromptExample, SFTExample
+from rlhfkit.data.records import Prompt
 
 
 def pad(
@@ -43,14 +44,50 @@ def pad(
 
 
 @dataclass(frozen=True)
+class PromptColumns:
+    """What the data says of each row of a batch beside its ids: the prompt as written (text
+    or chat messages) and the row's other columns, each a list aligned with the rows (None
+    where a row lacks the column). Reward functions called TRL's way receive both."""
+
+    prompts: list[Prompt]
+    columns: dict[str, list[Any]]
+
+    @classmethod
+    def of(cls, examples: Sequence[PromptExample]) -> PromptColumns:
+        names = dict.fromkeys(key for e in examples for key in e.record.columns)
+        columns = {name: [e.record.columns.get(name) for e in examples] for name in names}
+        return cls([e.record.prompt for e in examples], columns)
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def select(self, rows: Sequence[int]) -> PromptColumns:
+        """These rows, in this order (a row may come more than once: a group's samples)."""
+        columns = {name: [values[i] for i in rows] for name, values in self.columns.items()}
+        return PromptColumns([self.prompts[i] for i in rows], columns)
+
+    def repeat(self, k: int) -> PromptColumns:
+        """Each row ``k`` times in a row, as ``repeat_interleave`` lays out a group's samples."""
+        return self.select([i for i in range(len(self)) for _ in range(k)])
+
+
+@dataclass(frozen=True)
 class PromptCollator:
-    """Prompt id lists -> left-padded `query` (B, Tq) and `query_mask` (B, Tq)."""
+    """Prompt id lists -> left-padded `query` (B, Tq) and `query_mask` (B, Tq); from
+    `PromptExample`s also `prompt_columns` (`PromptColumns`)."""
 
     pad_id: int
 
-    def __call__(self, prompts: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
-        query, query_mask = pad(prompts, self.pad_id, side="left")  # (B, Tq)
-        return {"query": query, "query_mask": query_mask}
+    def __call__(self, prompts: Sequence[Sequence[int] | PromptExample]) -> dict[str, Any]:
+        examples = [p for p in prompts if isinstance(p, PromptExample)]
+        ids = [p.ids if isinstance(p, PromptExample) else p for p in prompts]
+        query, query_mask = pad(ids, self.pad_id, side="left")  # (B, Tq)
+        batch: dict[str, Any] = {"query": query, "query_mask": query_mask}
+        if examples:
+            if len(examples) != len(prompts):
+                raise ValueError("PromptCollator: a batch mixes PromptExamples and id lists")
+            batch["prompt_columns"] = PromptColumns.of(examples)
+        return batch
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from rlhfkit.data.records import (
     Demonstration,
     Message,
     Prompt,
+    PromptRecord,
     Ranking,
     Record,
 )
@@ -332,6 +333,15 @@ def encode_pairs(
     return ids, report
 
 
+@dataclass(frozen=True)
+class PromptExample:
+    """A prompt's token ids and the record they were encoded from (the prompt as written and
+    the row's other columns, for reward functions)."""
+
+    ids: list[int]
+    record: PromptRecord
+
+
 def load_prompts(
     source: str,
     split: str,
@@ -340,9 +350,11 @@ def load_prompts(
     limit: int | None,
     *,
     chat_template: bool = True,
-) -> list[list[int]]:
-    """Prompt token ids of the first ``limit`` records of ``source`` (all for None), each
-    left-truncated to ``max_prompt_length`` (``encode_prompts``)."""
-    records = load_records(source, "prompts", split=split, limit=limit)
+    check: Callable[[Record], str | None] | None = None,
+) -> list[PromptExample]:
+    """The first ``limit`` records of ``source`` (all for None), each with its ids
+    left-truncated to ``max_prompt_length`` (``encode_prompts``); ``check`` as in
+    ``load_records``."""
+    records = load_records(source, "prompts", split=split, limit=limit, check=check)
     prompts, _ = encode_prompts(records, tokenizer, max_prompt_length, chat_template=chat_template)
-    return prompts
+    return [PromptExample(ids, record) for ids, record in zip(prompts, records, strict=True)]

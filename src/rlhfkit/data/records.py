@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlhfkit.errors import UsageError
@@ -27,9 +27,12 @@ class DataError(UsageError):
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """A prompt to generate from (PPO, GRPO, best-of-n): text or chat messages."""
+    """A prompt to generate from (PPO, GRPO, best-of-n): text or chat messages, and every other
+    column of its row (a math problem's ``answer``, IFEval's ``instruction_id_list``), which
+    reward functions receive by name."""
 
     prompt: Prompt
+    columns: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,11 @@ class _Row:
 
     def fields(self) -> list[str]:
         return sorted(k for k, v in self.data.items() if v is not None)
+
+    def other_columns(self, *used: str) -> dict[str, Any]:
+        """Every column of the row but those the record's ``used`` fields were read from."""
+        taken = {self.columns.get(name, name) for name in used}
+        return {key: value for key, value in self.data.items() if key not in taken}
 
     def error(self, name: str, problem: str) -> DataError:
         column = self.columns.get(name, name)
@@ -241,16 +249,16 @@ def _ranking(row: _Row) -> Ranking:
 
 def _parse_prompt(row: _Row) -> PromptRecord:
     if row.has("prompt"):
-        return PromptRecord(_prompt(row))
+        return PromptRecord(_prompt(row), row.other_columns("prompt"))
     if row.has("messages"):
         messages = _messages(row, "messages", row.get("messages"))
         if messages[-1]["role"] == "assistant":  # a demonstration: the prompt precedes the answer
             messages = messages[:-1]
         if not messages:
             raise row.error("messages", "holds no prompt message before the assistant's answer")
-        return PromptRecord(messages)
+        return PromptRecord(messages, row.other_columns("messages"))
     if row.has("chosen"):
-        return PromptRecord(_implicit_prompt(row)[0])
+        return PromptRecord(_implicit_prompt(row)[0], row.other_columns())
     raise row.error("prompt", f"is missing (the record has {row.fields()})")
 
 

@@ -203,6 +203,7 @@ def load_records(
     columns: Mapping[str, str] | None = None,
     limit: int | None = None,
     degenerate_comparisons: str = "drop",
+    check: Callable[[Record], str | None] | None = None,
 ) -> list[Record]:
     """Load and validate every record of `source` as `kind` ("prompts", "demonstrations",
     "comparisons"; comparisons yield `Comparison` or `Ranking`).
@@ -212,7 +213,9 @@ def load_records(
     maps our field names to the source's, e.g. {"prompt": "text"}. `limit` keeps the first
     records. "prompts" also accepts demonstration and comparison data (their prompts).
     A comparison whose responses are identical (`identical_responses`) is dropped and counted
-    in the log, or with `degenerate_comparisons="error"` raises `DataError`.
+    in the log, or with `degenerate_comparisons="error"` raises `DataError`. `check` says what
+    is wrong with a valid record that its user cannot take (a reward function's column it
+    lacks), None where nothing is.
     Raises `DataError` on the first bad record, or if there are none.
     """
     if kind not in _PARSERS:
@@ -226,6 +229,10 @@ def load_records(
     columns = _check_columns(columns)
     rows = islice(_source_rows(source, split), limit)
     records = [(where, _PARSERS[kind](_as_row(where, data, columns))) for where, data in rows]
+    for where, record in records if check is not None else ():
+        problem = check(record)
+        if problem:
+            raise DataError(f"{where}: {problem}")
     if not records:
         raise DataError(f"{source}: no records")
     kept = _drop_degenerate(source, records, degenerate_comparisons == "error")

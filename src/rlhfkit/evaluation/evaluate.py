@@ -20,7 +20,7 @@ from torch import nn
 
 from rlhfkit.checkpoint import write_json
 from rlhfkit.config import RewardModelOptions, _check_literals, require
-from rlhfkit.data import encode_prompts, load_records
+from rlhfkit.data import PromptExample, load_prompts, load_records
 from rlhfkit.evaluation.measures import (
     PolicySamples,
     best_of_n_curve,
@@ -33,7 +33,7 @@ from rlhfkit.evaluation.measures import (
     unasked_rates,
 )
 from rlhfkit.experience.generation import SamplingConfig
-from rlhfkit.experience.scorer_loading import load_reward_models
+from rlhfkit.experience.scorer_loading import load_reward_models, reward_data_check
 from rlhfkit.experience.scorers import EnsembleScorer, RewardModelScorer
 from rlhfkit.models.loading import (
     check_model_source,
@@ -158,7 +158,7 @@ class _Setup:
     """What every part of ``evaluate`` shares: prompts, sampling, scorers, the reference."""
 
     tokenizer: Any
-    prompts: list[list[int]]
+    prompts: list[PromptExample]  # ids with each record's prompt as written and its columns
     sampling: SamplingConfig
     reward_model: RewardModelScorer | EnsembleScorer | None
     reference: nn.Module
@@ -170,12 +170,15 @@ class _Setup:
     @classmethod
     def load(cls, config: EvalConfig) -> _Setup:
         device = _device(config)
-        records = load_records(
-            config.prompts, "prompts", split=config.split, limit=config.max_prompts
-        )
         tokenizer = load_tokenizer(config.reference, padding_side="left")
-        prompts, _ = encode_prompts(
-            records, tokenizer, config.max_prompt_length, chat_template=config.chat_template
+        prompts = load_prompts(
+            config.prompts,
+            config.split,
+            tokenizer,
+            config.max_prompt_length,
+            config.max_prompts,
+            chat_template=config.chat_template,
+            check=reward_data_check([config.task] if config.task else []),
         )
         rm = None
         if config.reward_model is not None:
@@ -195,7 +198,7 @@ class _Setup:
         sampling = SamplingConfig(config.max_new_tokens, config.temperature)
         reference = _load_lm(config.reference, tokenizer, device)
         breakdown = BREAKDOWNS.get(config.task)
-        written = [r.prompt for r in records]
+        written = [example.record.prompt for example in prompts]
         return cls(tokenizer, prompts, sampling, rm, reference, runtime, common, breakdown, written)
 
     def run(self, model: nn.Module) -> PolicySamples:

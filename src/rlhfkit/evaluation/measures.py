@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rlhfkit.data import PairCollator, encode_comparisons, ranked_scores
+from rlhfkit.data import PairCollator, PromptExample, encode_comparisons, ranked_scores
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorers import (
     EnsembleScorer,
@@ -215,7 +215,7 @@ def evaluate_policy(
     policy: nn.Module,
     reference: nn.Module | None,
     tokenizer,
-    prompts: Sequence[Sequence[int]],
+    prompts: Sequence[Sequence[int] | PromptExample],
     sampling: SamplingConfig,
     *,
     reward: Scorer | None,
@@ -243,7 +243,7 @@ def evaluate_policy(
 def best_of_n_curve(
     sampler: nn.Module,
     tokenizer,
-    prompts: Sequence[Sequence[int]],
+    prompts: Sequence[Sequence[int] | PromptExample],
     sampling: SamplingConfig,
     ns: Sequence[int],
     *,

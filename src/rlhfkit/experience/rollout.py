@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rlhfkit.data import PromptColumns
 from rlhfkit.errors import NonFiniteError
 from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
@@ -97,6 +98,9 @@ class Rollout:
     # (B,) raw scores of each part of a scorer of several, by key (an ensemble's members, a
     # sum's terms: ``Scorer.scored``); {} for a scorer of one part
     score_parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the B prompts as the data wrote them and their rows' other columns (what reward
+    # functions are given); None for prompts without data
+    prompt_columns: PromptColumns | None = None
 
     def __len__(self) -> int:
         return self.query.shape[0]
@@ -127,6 +131,8 @@ class Rollout:
                 continue
             if isinstance(value, dict):
                 value = {key: part[index] for key, part in value.items()}
+            elif isinstance(value, PromptColumns):
+                value = value.select(rows)
             elif value is not None:
                 value = [value[i] for i in rows] if isinstance(value, list) else value[index]
             picked[f.name] = value
@@ -397,10 +403,12 @@ class ExperienceMaker:
         kl_coef: float,
         moments: RunningMoments | None = None,
         generator: torch.Generator | None = None,
+        prompt_columns: PromptColumns | None = None,
     ) -> Rollout:
         """Steps 1-5 on ``query``, ``query_mask`` (B, Tq). ``kl_coef`` is the current beta,
         ``moments`` the running score statistics (when scores are normalised), ``generator``
-        the sampling random source. ``timings`` holds the seconds of ``generate``, of
+        the sampling random source, ``prompt_columns`` what the data says of each row (the
+        scorer's reward functions get it). ``timings`` holds the seconds of ``generate``, of
         ``forward`` (every pass and the scoring) and of ``score`` (the scorer alone)."""
         settings, timings = self.settings, {}
         started = time.perf_counter()
@@ -408,7 +416,7 @@ class ExperienceMaker:
         timings["generate"] = time.perf_counter() - started
         started = time.perf_counter()
         batch = ScoreInput.from_ids(
-            self.tokenizer, query, query_mask, out.response, out.response_mask
+            self.tokenizer, query, query_mask, out.response, out.response_mask, prompt_columns
         )
         policy_pass = settings.policy_pass or settings.has_critic or kl_coef > 0
         passes = self._passes(query, query_mask, out, batch, policy_pass)  # 2
@@ -444,6 +452,7 @@ class ExperienceMaker:
             kept=rows_in_loss(settings, scores, out.eos_emitted),
             timings=timings,
             score_parts=score_parts,
+            prompt_columns=prompt_columns,
         )
 
     def _rewards(self, scores, logprobs, ref_logprobs, mask, kl_coef) -> tuple:

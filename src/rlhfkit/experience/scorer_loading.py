@@ -24,6 +24,7 @@ from types import ModuleType
 import torch
 
 from rlhfkit import tasks
+from rlhfkit.data import PromptRecord
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.perplexity import PerplexityScorer
 from rlhfkit.experience.scorers import (
@@ -32,6 +33,7 @@ from rlhfkit.experience.scorers import (
     RewardModelScorer,
     Scorer,
     WeightedScorer,
+    needed_columns,
 )
 from rlhfkit.models.loading import (
     RewardModel,
@@ -51,15 +53,17 @@ def load_function(path: str) -> Callable:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise UsageError(
-            f"reward function {path!r}: expected 'module:function', a function of (prompts, "
-            "responses) in a module Python can import"
+            f"reward function {path!r}: expected 'module:function', a reward function (TRL's "
+            "f(prompts, completions, **columns) or f(prompts, responses)) in a module Python "
+            "can import"
         )
     function = getattr(_import(path, module_name), attribute, None)
     if not callable(function):
         what = "has no attribute" if function is None else f"has a {type(function).__name__}"
         raise UsageError(
             f"reward function {path!r}: module {module_name} {what} {attribute!r}; name a "
-            "function of (prompts, responses) that returns a list of floats"
+            "reward function (TRL's f(prompts, completions, **columns) or f(prompts, "
+            "responses)) that returns a list of floats"
         )
     return function
 
@@ -122,6 +126,67 @@ def build_scorer(
     if len(parts) == 1 and weights[0] == 1.0:
         return parts[0]
     return WeightedScorer(list(zip(parts, weights, strict=True)))
+
+
+# --------------------------------------------------------------------------- what they need of data
+RecordCheck = Callable[[PromptRecord], str | None]
+
+
+def reward_data_check(reward_functions: Sequence[str]) -> RecordCheck | None:
+    """What the named reward functions need of each prompt record, as ``load_records``'
+    ``check``: the columns a function written TRL's way names without a default
+    (``scorers.needed_columns``), and a bundled task's own check of its columns
+    (``tasks.PROMPT_CHECKS``: an answer that parses, constraints it knows). None when no
+    function needs anything. Resolving a module:function imports it; perplexity and reward
+    models need nothing of the data."""
+    checks = [
+        (spec, fn, tasks.PROMPT_CHECKS.get(spec))
+        for spec in reward_functions
+        if (fn := _data_function(spec)) is not None
+    ]
+    checks = [(spec, needed_columns(fn), own) for spec, fn, own in checks]
+    checks = [(spec, needed, own) for spec, needed, own in checks if needed or own]
+    if not checks:
+        return None
+
+    def check(record: PromptRecord) -> str | None:
+        for spec, needed, own in checks:
+            missing = [name for name in needed if record.columns.get(name) is None]
+            if missing:
+                have = ", ".join(sorted(record.columns)) or "none but the prompt"
+                return (
+                    f"reward function {spec!r} needs the column(s) "
+                    f"{', '.join(map(repr, missing))}, which this record lacks (its columns: "
+                    f"{have})"
+                )
+            problem = own(record.prompt, record.columns) if own is not None else None
+            if problem:
+                return f"reward function {spec!r}: {problem}"
+        return None
+
+    return check
+
+
+def _data_function(spec: str) -> Callable | None:
+    """The Python function a reward function spec names, None for perplexity."""
+    if spec in tasks.BUNDLED_REWARDS:
+        return tasks.BUNDLED_REWARDS[spec]
+    if ":" in spec and spec.partition(":")[0] != "perplexity":
+        return load_function(spec)
+    return None
+
+
+def check_no_columns_needed(scorer: Scorer, command: str) -> None:
+    """A ``UsageError`` where a reward function of ``scorer`` needs dataset columns that
+    ``command``, which scores prompts typed or given without data, cannot pass it."""
+    needed = scorer.columns_needed()
+    if needed:
+        name, columns = next(iter(needed.items()))
+        raise UsageError(
+            f"reward function {name!r} needs the column(s) {', '.join(map(repr, columns))} of "
+            f"a dataset's rows, and `rlhfkit {command}` passes none: score with it in "
+            "ppo, grpo, rloo, bon or eval, on data that has them"
+        )
 
 
 # --------------------------------------------------------------------------- scorers from specs

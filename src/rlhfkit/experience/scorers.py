@@ -3,9 +3,10 @@
 A reward model (InstructGPT step 2, scored at the last real token, EOS included as it was in
 training; on the policy's token ids, or on the texts in its own tokens when it comes from
 another model family), an ensemble of reward models (their scores combined by
-``ops.combine_scores``), any Python callable ``f(prompts, responses) -> list[float]``, or a
-weighted sum of several: all give ``scores`` (B,) through one interface, ``Scorer``. A
-non-finite score, a value that is no number, a raising callable is a ``ScoreError`` that names
+``ops.combine_scores``), any Python reward function (TRL's ``f(prompts, completions,
+completion_ids, **columns)``, which gets the dataset's columns by name, or rlhfkit's
+``f(prompts, responses)``), or a weighted sum of several: all give ``scores`` (B,) through one
+interface, ``Scorer``. A non-finite score, a value that is no number, a raising callable is a ``ScoreError`` that names
 the sample (index, prompt and response); a wrong number of scores names the counts. A scorer
 of several (an ensemble, a sum) also gives each part's scores by name (``Scorer.scored``), so
 that a run shows what each reward model and function gave, not only their combination.
@@ -15,16 +16,19 @@ rewards is ``rewards.py``.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import numbers
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from rlhfkit.data import encode_pairs, pad
+from rlhfkit.data import PromptColumns, encode_pairs, pad
 from rlhfkit.data.encode import UNSET_CONTEXT
 from rlhfkit.errors import RunError, UsageError
 from rlhfkit.models.loading import model_device, same_tokenizer
@@ -45,7 +49,8 @@ class ScoreError(RunError):
 
 @dataclass
 class ScoreInput:
-    """One batch as scorers see it: texts for Python functions, token ids for models."""
+    """One batch as scorers see it: texts for Python functions, token ids for models, and what
+    the data says of each row beside them (``prompt_columns``)."""
 
     prompts: list[str]  # B decoded prompts
     responses: list[str]  # B decoded responses, special tokens (EOS) removed
@@ -54,9 +59,20 @@ class ScoreInput:
     response: torch.Tensor  # (B, Tr) response ids, pad after EOS
     response_mask: torch.Tensor  # (B, Tr) 1 up to and including EOS
     eos_token_id: int | None = None  # what ends a response; a row without it was cut short
+    # the B prompts as the data wrote them and their rows' other columns; None where the
+    # prompts came without data (chat, sample, the text environment)
+    prompt_columns: PromptColumns | None = None
 
     @classmethod
-    def from_ids(cls, tokenizer, query, query_mask, response, response_mask) -> ScoreInput:
+    def from_ids(
+        cls,
+        tokenizer,
+        query,
+        query_mask,
+        response,
+        response_mask,
+        prompt_columns: PromptColumns | None = None,
+    ) -> ScoreInput:
         """The batch with its texts decoded from the ids (special tokens, pad and EOS removed)."""
         return cls(
             prompts=tokenizer.batch_decode(query, skip_special_tokens=True),
@@ -66,6 +82,22 @@ class ScoreInput:
             response=response,
             response_mask=response_mask,
             eos_token_id=tokenizer.eos_token_id,
+            prompt_columns=prompt_columns,
+        )
+
+    def row(self, index: int) -> ScoreInput:
+        """The batch of row ``index`` alone."""
+        rows = slice(index, index + 1)
+        columns = self.prompt_columns.select([index]) if self.prompt_columns is not None else None
+        return dataclasses.replace(
+            self,
+            prompts=self.prompts[rows],
+            responses=self.responses[rows],
+            query=self.query[rows],
+            query_mask=self.query_mask[rows],
+            response=self.response[rows],
+            response_mask=self.response_mask[rows],
+            prompt_columns=columns,
         )
 
     def describe(self, index: int) -> str:
@@ -93,6 +125,10 @@ class Scorer(ABC):
     def models(self) -> list[torch.nn.Module]:
         """The models the scorer runs (none for a Python function)."""
         return []
+
+    def columns_needed(self) -> dict[str, list[str]]:
+        """The dataset columns each reward function in it needs, by its name ({}: none)."""
+        return {}
 
     def id_readers(self) -> list[tuple[str, torch.nn.Module]]:
         """The models that read the policy's token ids, each with the name an error gives it
@@ -138,21 +174,107 @@ class Scorer(ABC):
         return scores.float(), parts
 
 
-class FunctionScorer(Scorer):
-    """Wraps ``fn(prompts: list[str], responses: list[str]) -> list[float]`` (or a tensor)."""
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids")
+"""What TRL hands every reward function besides the dataset's columns."""
 
-    def __init__(
-        self, fn: Callable[[list[str], list[str]], Sequence[float]], name: str | None = None
-    ):
+
+def trl_style(fn: Callable) -> bool:
+    """Whether ``fn`` is a reward function written TRL's way (``FunctionScorer``): it names
+    ``completions``, or takes ``**kwargs`` and names no ``responses``."""
+    parameters = _parameters(fn)
+    if parameters is None:
+        return False
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    return "completions" in parameters or (takes_any and "responses" not in parameters)
+
+
+def needed_columns(fn: Callable) -> list[str]:
+    """The dataset columns a reward function written TRL's way cannot run without: the
+    parameters it names without a default, but TRL's own (``TRL_ARGUMENTS``)."""
+    parameters = _parameters(fn)
+    if parameters is None or not trl_style(fn):
+        return []
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [
+        name
+        for name, p in parameters.items()
+        if p.kind in named and p.default is p.empty and name not in TRL_ARGUMENTS
+    ]
+
+
+def _parameters(fn: Callable) -> Mapping[str, inspect.Parameter] | None:
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return None
+
+
+class FunctionScorer(Scorer):
+    """Wraps a Python reward function, called one of two ways, told apart by its signature
+    (``trl_style``):
+
+    - TRL's, ``f(prompts=..., completions=..., completion_ids=..., **columns)``, for a
+      function that names ``completions`` or takes ``**kwargs``: ``prompts`` as the data
+      wrote them (a string or a list of chat messages each), ``completions`` the response
+      texts (for chat prompts, each a list of one assistant message, as TRL passes them),
+      ``completion_ids`` each response's token ids up to and including EOS, and every other
+      column of the prompts' rows by name, a list aligned with the batch. A function without
+      ``**kwargs`` gets only the arguments it names.
+    - rlhfkit's, ``f(prompts, responses)``: the decoded prompt (the chat template's
+      rendering, special tokens removed) and response texts.
+
+    Either returns one number per response: a list, or a tensor.
+    """
+
+    def __init__(self, fn: Callable[..., Sequence[float]], name: str | None = None):
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.trl_style = trl_style(fn)
+        parameters = _parameters(fn) or {}
+        self._takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        self._names = frozenset(parameters)
+
+    def columns_needed(self) -> dict[str, list[str]]:
+        needed = needed_columns(self.fn)
+        return {self.name: needed} if needed else {}
 
     def score(self, batch: ScoreInput) -> torch.Tensor:
+        arguments = self._arguments(batch)
         try:
-            values = self.fn(batch.prompts, batch.responses)
+            values = self.fn(**arguments) if self.trl_style else self.fn(*arguments.values())
         except Exception as error:
             raise self._blame(batch, error) from error
         return self._check(values, batch).to(batch.response.device)
+
+    def _arguments(self, batch: ScoreInput) -> dict[str, Any]:
+        """What ``fn`` is called with on ``batch``, by name (in order for rlhfkit's way)."""
+        if not self.trl_style:
+            return {"prompts": batch.prompts, "responses": batch.responses}
+        given = batch.prompt_columns
+        prompts = given.prompts if given is not None else batch.prompts
+        columns = given.columns if given is not None else {}
+        missing = [name for name in needed_columns(self.fn) if name not in columns]
+        if missing:
+            where = "the data has no such column" if given else "these prompts came without data"
+            raise ScoreError(
+                f"{self.name} needs the column(s) {', '.join(map(repr, missing))}: {where}"
+            )
+        chat = [not isinstance(p, str) for p in prompts]
+        arguments = {
+            "prompts": prompts,
+            "completions": [
+                [{"role": "assistant", "content": text}] if is_chat else text
+                for text, is_chat in zip(batch.responses, chat, strict=True)
+            ],
+            "completion_ids": [
+                row[mask.bool()].tolist()
+                for row, mask in zip(batch.response, batch.response_mask, strict=True)
+            ],
+            **columns,
+        }
+        if self._takes_any:
+            return arguments
+        return {key: value for key, value in arguments.items() if key in self._names}
 
     def _check(self, values: object, batch: ScoreInput) -> torch.Tensor:
         """``values`` as (B,) floats: one number per response, in order."""
@@ -181,8 +303,9 @@ class FunctionScorer(Scorer):
     def _blame(self, batch: ScoreInput, error: Exception) -> ScoreError:
         """Re-run the samples one by one to name the first that makes ``fn`` raise."""
         for i in range(len(batch.prompts)):
+            arguments = self._arguments(batch.row(i))
             try:
-                self.fn(batch.prompts[i : i + 1], batch.responses[i : i + 1])
+                self.fn(**arguments) if self.trl_style else self.fn(*arguments.values())
             except Exception as single_error:
                 return ScoreError(
                     f"{self.name} raised {type(single_error).__name__}: {single_error} on "
@@ -366,6 +489,9 @@ class WeightedScorer(Scorer):
     def models(self) -> list[torch.nn.Module]:
         return [model for scorer, _ in self.parts for model in scorer.models()]
 
+    def columns_needed(self) -> dict[str, list[str]]:
+        return {name: cols for s, _ in self.parts for name, cols in s.columns_needed().items()}
+
     def id_readers(self) -> list[tuple[str, torch.nn.Module]]:
         return [reader for scorer, _ in self.parts for reader in scorer.id_readers()]
 
@@ -396,7 +522,7 @@ def distinct_keys(scorers: Sequence[Scorer]) -> list[str]:
 
 def as_scorer(source: Scorer | torch.nn.Module | Callable) -> Scorer:
     """A ``Scorer`` as is, a ``torch.nn.Module`` as a reward model, any other callable as a
-    Python function of (prompts, responses)."""
+    reward function (``FunctionScorer``: TRL's signature or rlhfkit's)."""
     if isinstance(source, Scorer):
         return source
     if isinstance(source, torch.nn.Module):

@@ -26,6 +26,7 @@ import torch
 from rlhfkit.config import ConfigError, RewardOptions, checked_sampling
 from rlhfkit.data import Message, pad
 from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.scorer_loading import check_no_columns_needed
 from rlhfkit.experience.scorers import ScoreInput, Scorer, WeightedScorer, distinct_keys
 from rlhfkit.interact.env import LMAgent, encode_for_scoring, score_texts, token_budget
 from rlhfkit.runtime.machine import Runtime
@@ -125,12 +126,14 @@ class ChatConfig(RewardOptions):
         return checked_sampling(self)
 
 
-def _scorer(config: RewardOptions, agent: LMAgent) -> Scorer | None:
+def _scorer(config: RewardOptions, agent: LMAgent, command: str) -> Scorer | None:
     """The scorer the config names, on the agent's device (bare perplexity under its model);
-    None when it names none."""
+    None when it names none. Its prompts come without data, so a reward function that needs
+    a dataset's columns is refused, naming ``command``."""
     if not config.has_scorer:
         return None
     scorer = config.scorer(tokenizer=agent.tokenizer, model=agent.model)
+    check_no_columns_needed(scorer, command)
     return scorer.to(agent.device)
 
 
@@ -156,7 +159,7 @@ def run_chat(config: ChatConfig) -> None:
     """Load the model (and the reward's scorer), then chat until /quit or end of input."""
     with _quiet_data_reports():
         agent = LMAgent.from_pretrained(config.model, sampling=config.sampling, seed=config.seed)
-        scorer = _scorer(config, agent)
+        scorer = _scorer(config, agent, "chat")
         print(BANNER.format(model=terminal_text(config.model)), flush=True)
         with _precision(agent, config.mixed_precision):
             chat_loop(agent, scorer, system=config.system)
@@ -221,7 +224,7 @@ def _sample_and_print(config: SampleConfig) -> None:
         tok.decode(row[mask.bool()], skip_special_tokens=True)
         for row, mask in zip(out.response, out.response_mask, strict=True)
     ]
-    scorer, scores = _scorer(config, agent), None
+    scorer, scores = _scorer(config, agent, "sample"), None
     if scorer is not None:
         with _precision(agent, config.mixed_precision):
             scores = score_texts(scorer, tok, prompts, texts, token_budget(tok), agent.device)

@@ -27,9 +27,16 @@ import torch
 from torch import nn
 
 from rlhfkit.config import DEMO_DATA, RewardOptions, SamplingOptions, require
-from rlhfkit.data import PromptCollator, PromptRecord, encode_prompts, load_records
+from rlhfkit.data import (
+    PromptCollator,
+    PromptExample,
+    PromptRecord,
+    encode_prompts,
+    load_records,
+)
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.rollout import ExperienceMaker
+from rlhfkit.experience.scorer_loading import reward_data_check
 from rlhfkit.experience.scorers import ScoreInput, Scorer
 from rlhfkit.models.loading import freeze, load_causal_lm, load_tokenizer
 from rlhfkit.runtime.machine import Runtime
@@ -79,7 +86,7 @@ def _log_comb(k: torch.Tensor, r: int) -> torch.Tensor:
 def sample_responses(
     model: nn.Module,
     tokenizer,
-    prompts: Sequence[Sequence[int]],
+    prompts: Sequence[Sequence[int] | PromptExample],
     sampling: SamplingConfig,
     *,
     seed: int,
@@ -87,7 +94,9 @@ def sample_responses(
     repeat: int = 1,
     runtime: Runtime | None = None,
 ) -> list[ScoreInput]:
-    """Sample ``repeat`` responses per prompt (rows prompt-major: prompt 0's, then 1's...).
+    """Sample ``repeat`` responses per prompt (rows prompt-major: prompt 0's, then 1's...);
+    ``prompts`` are token id lists, or ``PromptExample``s whose prompts as written and columns
+    go with the batches to the reward functions.
 
     One seeded generator for the whole call, so the same model, prompts and settings always
     give the same samples, drawn as PPO and GRPO draw theirs (``ExperienceMaker.sample``), in
@@ -104,8 +113,11 @@ def sample_responses(
         batch = collate(rows[start : start + batch_size])
         query, query_mask = batch["query"].to(device), batch["query_mask"].to(device)  # (B, Tq)
         out = maker.sample(query, query_mask, generator)
+        columns = batch.get("prompt_columns")
         batches.append(
-            ScoreInput.from_ids(tokenizer, query, query_mask, out.response, out.response_mask)
+            ScoreInput.from_ids(
+                tokenizer, query, query_mask, out.response, out.response_mask, columns
+            )
         )
     return batches
 
@@ -156,7 +168,8 @@ def best_of_n(
     Args:
         policy: the causal LM to sample from (put in eval mode).
         tokenizer: its tokenizer (distinct pad and EOS).
-        prompts: texts, chat message lists or ``PromptRecord``s.
+        prompts: texts, chat message lists or ``PromptRecord``s (whose columns reach the
+            reward functions).
         scorer: a ``scorers.Scorer`` (reward model or Python function).
         n: samples per prompt (>= 1).
         sampling: sampling settings (default: temperature 1, 32 new tokens).
@@ -167,10 +180,11 @@ def best_of_n(
         raise ValueError(f"prompts_per_batch={prompts_per_batch}: allowed >= 1")
     records = [p if isinstance(p, PromptRecord) else PromptRecord(p) for p in prompts]
     prompt_ids, _ = encode_prompts(records, tokenizer, max_prompt_length)
+    examples = [PromptExample(ids, record) for ids, record in zip(prompt_ids, records, strict=True)]
     batches = sample_responses(
         policy,
         tokenizer,
-        prompt_ids,
+        examples,
         sampling or SamplingConfig(),
         seed=seed,
         batch_size=prompts_per_batch * n,
@@ -254,10 +268,13 @@ class BestOfNConfig(RewardOptions, SamplingOptions):
 def run_bon(config: BestOfNConfig) -> Path:
     """The ``rlhfkit bon`` command: best-of-n picks to ``config.output``, summary beside it."""
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    check = reward_data_check(config.reward_functions)
+    records = load_records(
+        config.prompts, "prompts", split=config.split, limit=config.max_prompts, check=check
+    )
     tokenizer = load_tokenizer(config.model)
     policy = freeze(load_causal_lm(config.model, tokenizer=tokenizer)).to(device)
     scorer = config.scorer(tokenizer=tokenizer, model=policy).to(device)
-    records = load_records(config.prompts, "prompts", split=config.split, limit=config.max_prompts)
     result = best_of_n(
         policy,
         tokenizer,

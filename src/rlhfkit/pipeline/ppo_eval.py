@@ -73,15 +73,19 @@ class PPOEvalPoints:
     ``<eval_dir>/metrics.jsonl`` (and TensorBoard)."""
 
     def __init__(self, trainer, ev: EvalConfig, count: int, eval_dir: Path, task: str | None):
-        from rlhfkit.data import encode_prompts, load_records
+        from rlhfkit.data import load_prompts
         from rlhfkit.experience.generation import SamplingConfig
+        from rlhfkit.experience.scorer_loading import reward_data_check
 
-        records = load_records(ev.prompts, "prompts", split=ev.split, limit=count)
-        self.prompts, _ = encode_prompts(
-            records,
+        checked = [*trainer.config.reward_functions, *([task] if task else [])]
+        self.prompts = load_prompts(
+            ev.prompts,
+            ev.split,
             trainer.tokenizer,
             ev.max_prompt_length,
+            count,
             chat_template=trainer.config.chat_template,
+            check=reward_data_check(checked),
         )
         ppo = trainer.config
         self.sampling = SamplingConfig(ppo.max_new_tokens, ppo.temperature)

@@ -52,7 +52,7 @@ from accelerate.utils import set_seed
 from torch import nn
 
 from rlhfkit import checkpoint as ckpt
-from rlhfkit.data import PromptCollator
+from rlhfkit.data import PromptCollator, PromptColumns, PromptExample
 from rlhfkit.experience.rewards import RunningMoments
 from rlhfkit.experience.rollout import ExperienceMaker, Rollout, RolloutModels, rollout_stats
 from rlhfkit.experience.scorers import ScoreInput, Scorer, prepare_scorer
@@ -76,9 +76,12 @@ class GRPOTrainer(PolicyTrainer):
         config: a `GRPOConfig`.
         model: the policy (a causal LM matched to ``tokenizer``); LoRA is added here if set.
         tokenizer: distinct pad and EOS; decodes texts for the scorer and the logs.
-        prompts: training prompts as token id lists (``data.encode_prompts``).
+        prompts: training prompts: token id lists (``data.encode_prompts``), or
+            ``data.PromptExample``s, whose prompts as written and columns reach the reward
+            functions (``data.load_prompts``).
         scorer: gives one score per response (``scorers.Scorer``).
-        eval_prompts: held-out prompts scored at evaluation (one sample each, fixed seed).
+        eval_prompts: held-out prompts as ``prompts``, scored at evaluation (one sample each,
+            fixed seed).
         reference: the frozen reference; None uses a copy of the starting ``model`` (with LoRA:
             ``model`` with its adapter disabled). Not used when ``config.beta == 0``.
     """
@@ -96,9 +99,9 @@ class GRPOTrainer(PolicyTrainer):
         config: GRPOConfig,
         model: nn.Module,
         tokenizer: Any,
-        prompts: Sequence[list[int]],
+        prompts: Sequence[list[int] | PromptExample],
         scorer: Scorer,
-        eval_prompts: Sequence[list[int]] = (),
+        eval_prompts: Sequence[list[int] | PromptExample] = (),
         *,
         reference: nn.Module | None = None,
         accelerator=None,
@@ -148,10 +151,15 @@ class GRPOTrainer(PolicyTrainer):
     # ----------------------------------------------------------------- experience
     @torch.no_grad()
     def sample(
-        self, query: torch.Tensor, query_mask: torch.Tensor, generator=None
+        self,
+        query: torch.Tensor,
+        query_mask: torch.Tensor,
+        generator=None,
+        prompt_columns: PromptColumns | None = None,
     ) -> tuple[ScoreInput, torch.Tensor]:
         """One response per row of the left-padded ``query`` (B, Tq), sampled in eval mode by
-        the experience maker. Returns the batch as scorers see it and ``eos_emitted`` (B,)."""
+        the experience maker. Returns the batch as scorers see it (with ``prompt_columns``)
+        and ``eos_emitted`` (B,)."""
         lm = self.unwrapped_model
         was_training = lm.training
         try:
@@ -159,7 +167,7 @@ class GRPOTrainer(PolicyTrainer):
         finally:
             lm.train(was_training)
         batch = ScoreInput.from_ids(
-            self.tokenizer, query, query_mask, out.response, out.response_mask
+            self.tokenizer, query, query_mask, out.response, out.response_mask, prompt_columns
         )
         return batch, out.eos_emitted
 
@@ -196,6 +204,7 @@ class GRPOTrainer(PolicyTrainer):
         k = cfg.num_generations
         query = batch["query"].repeat_interleave(k, dim=0)  # (B, Tq)
         query_mask = batch["query_mask"].repeat_interleave(k, dim=0)  # (B, Tq)
+        columns = batch.get("prompt_columns")
         if "sample_seed" in batch:  # from next_batch; other batches draw on where it stands
             self.sample_generator.manual_seed(batch["sample_seed"])
         rollout = self.maker.make(
@@ -204,6 +213,7 @@ class GRPOTrainer(PolicyTrainer):
             kl_coef=cfg.beta if cfg.kl_in_rewards else 0.0,
             moments=self.moments,
             generator=self.sample_generator,
+            prompt_columns=columns.repeat(k) if columns is not None else None,
         )
         rollout.check_finite()
         return rollout
@@ -246,7 +256,8 @@ class GRPOTrainer(PolicyTrainer):
         generator = torch.Generator(self.accelerator.device).manual_seed(self.config.seed + 1)
         parts: dict[str, list[torch.Tensor]] = {"score": [], "length": [], "gold": []}
         for batch in self.eval_batches(self.eval_prompts, self.collate_fn):
-            samples, _ = self.sample(batch["query"], batch["query_mask"], generator)
+            query, query_mask = batch["query"], batch["query_mask"]
+            samples, _ = self.sample(query, query_mask, generator, batch.get("prompt_columns"))
             scores, score_parts = self.scorer.scored(samples)
             parts["score"].append(scores.cpu())
             for key, values in score_parts.items():

@@ -39,6 +39,7 @@ from torch import nn
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.data import (
     PromptCollator,
+    PromptExample,
     SFTCollator,
     encode_demonstrations,
     load_records,
@@ -81,12 +82,13 @@ WEIGHTS_FILE = "trainable.safetensors"  # a checkpoint's trained weights (policy
 
 
 class PPOTrainer(Trainer):
-    """PPO on ``prompts`` (token id lists) against ``scorer`` (a ``Scorer``, a reward model, or
-    a Python function ``f(prompts, responses) -> list[float]``).
+    """PPO on ``prompts`` (token id lists, or ``data.PromptExample``s whose prompts as written
+    and columns reach the reward functions) against ``scorer`` (a ``Scorer``, a reward model,
+    or a Python reward function, ``scorers.FunctionScorer``).
 
     ``reference=None`` needs a LoRA policy (the adapter is disabled for the reference);
     ``critic=None`` needs a ``ValueHeadLM`` policy. ``ptx_examples`` are ``SFTExample``s;
-    ``eval_prompts`` (token id lists) are scored every ``eval_every`` iterations and at the end.
+    ``eval_prompts`` (as ``prompts``) are scored every ``eval_every`` iterations and at the end.
     """
 
     learner_name = "policy"
@@ -102,13 +104,13 @@ class PPOTrainer(Trainer):
         config: PPOConfig,
         policy: nn.Module,
         tokenizer,
-        prompts: list[list[int]],
+        prompts: list[list[int] | PromptExample],
         scorer: Scorer | nn.Module | Callable,
         *,
         reference: nn.Module | None = None,
         critic: nn.Module | None = None,
         ptx_examples: list | None = None,
-        eval_prompts: list[list[int]] | None = None,
+        eval_prompts: list[list[int] | PromptExample] | None = None,
     ) -> None:
         _check_inputs(config, policy, prompts, critic, ptx_examples)
         collate = PromptCollator(tokenizer.pad_token_id)
@@ -228,6 +230,7 @@ class PPOTrainer(Trainer):
                 kl_coef=0.0 if self.config.kl_in_loss else self.kl_controller.value,
                 moments=self.moments,
                 generator=self.sample_generator,
+                prompt_columns=batch.get("prompt_columns"),
             )
             rollout.check_finite()
             update_started = time.perf_counter()
@@ -331,7 +334,11 @@ class PPOTrainer(Trainer):
         sums: dict[str, float] = {}
         for batch in self.eval_batches(self.eval_prompts, self.collate_fn):
             rollout = self.maker.make(
-                batch["query"], batch["query_mask"], kl_coef=0.0, generator=generator
+                batch["query"],
+                batch["query_mask"],
+                kl_coef=0.0,
+                generator=generator,
+                prompt_columns=batch.get("prompt_columns"),
             )
             totals = {
                 "score": rollout.raw_scores.sum(),
@@ -342,7 +349,9 @@ class PPOTrainer(Trainer):
             if self.gold is not None:
                 texts = (rollout.prompts, rollout.responses)  # decoded once, by the maker
                 eos = self.tokenizer.eos_token_id
-                totals["gold"] = self.gold(ScoreInput(*texts, *rollout.sequences, eos)).sum()
+                columns = rollout.prompt_columns
+                samples = ScoreInput(*texts, *rollout.sequences, eos, columns)
+                totals["gold"] = self.gold(samples).sum()
             accumulate(sums, totals)
         return {key: value / len(self.eval_prompts) for key, value in sums.items()}
 

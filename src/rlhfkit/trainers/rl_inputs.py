@@ -2,31 +2,37 @@
 and held-out prompts.
 
 The prompts come first and are loaded before any model, so a data error stops the run before
-minutes go into loading weights; the scorer (``RewardOptions.scorer``: a reward model, reward
-functions or both) comes with the models.
+minutes go into loading weights, and so does a record a reward function cannot take (a column
+it needs and the row lacks: ``scorer_loading.reward_data_check``); the scorer
+(``RewardOptions.scorer``: a reward model, reward functions or both) comes with the models.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlhfkit.data import load_prompts
+from rlhfkit.data import PromptExample, load_prompts
+from rlhfkit.experience.scorer_loading import reward_data_check
 
 
-def load_rl_prompts(config: Any, tokenizer: Any) -> tuple[list[list[int]], list[list[int]]]:
+def load_rl_prompts(config: Any, tokenizer: Any) -> tuple[list[PromptExample], list[PromptExample]]:
     """The training prompts (the first ``max_train_samples`` where the stage has that limit)
     and the held-out ones (the first ``max_eval_samples`` of ``eval_data``; none without it),
-    as token ids, each cut to ``max_prompt_length`` and in the chat template if asked."""
+    each with its token ids cut to ``max_prompt_length``, in the chat template if asked, and
+    its row's columns, checked against what the reward functions need of them."""
     read = {
         "tokenizer": tokenizer,
         "max_prompt_length": config.max_prompt_length,
         "chat_template": config.chat_template,
     }
     limit = getattr(config, "max_train_samples", None)
-    prompts = load_prompts(config.train_data, config.train_split, limit=limit, **read)
-    eval_prompts: list[list[int]] = []
+    check = reward_data_check(config.reward_functions)
+    prompts = load_prompts(config.train_data, config.train_split, limit=limit, check=check, **read)
+    eval_prompts: list[PromptExample] = []
     if config.eval_data:
+        check = reward_data_check([*config.reward_functions, *config.gold_functions])
+        limit = config.max_eval_samples
         eval_prompts = load_prompts(
-            config.eval_data, config.eval_split, limit=config.max_eval_samples, **read
+            config.eval_data, config.eval_split, limit=limit, check=check, **read
         )
     return prompts, eval_prompts
