@@ -189,6 +189,11 @@ BUNDLED_REWARDS = {**REWARD_FUNCTIONS, "gold": gold_reward, **SHAPING_REWARDS}
 """Every reward function rlhfkit ships, by the name ``reward_functions`` takes ("gold" is the
 sentiment task's judge under its older name)."""
 
+PROMPT_CHECKS: dict[str, Callable[[object, dict], str | None]] = {}
+"""A bundled reward function's check of one prompt record, by its name: (prompt as written,
+the row's other columns) -> what the function cannot take in it, or None. Run when the data
+loads, so a prompt it cannot judge stops the run before any model loads."""
+
 
 @dataclass(frozen=True)
 class Breakdown:
