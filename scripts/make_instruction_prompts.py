@@ -24,7 +24,12 @@ Splits, all drawn with one seeded ``random.Random``:
   chose without having chosen it. Drawn after the other splits, which it leaves as they were.
 
 Each record is ``{"prompt", "constraints" (kind names, in the order the prompt states them),
-"topic"}``; rlhfkit's loaders read the prompt and ignore the rest. ``stats.json`` holds the
+"topic", "instruction_id_list", "kwargs"}``: the last two are the constraints in IFEval's
+vocabulary, as google/IFEval writes them, for the ``ifeval`` reward and IFEval's figures
+(``rlhfkit.tasks.ifeval.IFEVAL_COUNTERPARTS``): only the constraints with a counterpart, so a
+prompt whose constraints have none ("paragraphs", "numbered", "start_word", "end_word") has
+two empty lists, and IFEval's figures leave it out. The prompt loaders read the prompt and
+hand the other columns to the reward functions that name them. ``stats.json`` holds the
 seed, the kinds, the topics of each split and the counts per kind. Usage::
 
     python scripts/make_instruction_prompts.py [--out DIR] [--seed N]
@@ -41,6 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlhfkit.tasks import INSTRUCTIONS_DATA_DIR
+from rlhfkit.tasks.ifeval import ifeval_columns
 from rlhfkit.tasks.instructions import (
     HELDOUT_KINDS,
     KINDS,
@@ -149,24 +155,27 @@ def draw_constraint(
     return Constraint(kind, n, word)
 
 
-def make_prompt(topic: Topic, kinds: Sequence[str], rng: random.Random) -> tuple[str, list[str]]:
-    """The prompt text asking ``kinds`` on ``topic``, and its kinds in the order it states
-    them (a fragment's kind first: it joins the task sentence)."""
+def make_prompt(
+    topic: Topic, kinds: Sequence[str], rng: random.Random
+) -> tuple[str, list[Constraint]]:
+    """The prompt text asking ``kinds`` on ``topic``, and its constraints in the order it
+    states them (a fragment's first: it joins the task sentence)."""
     tasks = CATEGORY_TASKS if topic.category else TASKS
     task = rng.choice(tasks).format(topic=topic.name)
-    fragment_kinds, sentence_kinds, sentences = [], [], []
+    fragments, sentence_constraints, sentences = [], [], []
     taken: set[str] = set()
     for kind in kinds:
-        phrasings = [p for p in KINDS[kind].phrasings if not (fragment_kinds and is_fragment(p))]
+        phrasings = [p for p in KINDS[kind].phrasings if not (fragments and is_fragment(p))]
         phrasing = rng.choice(phrasings)
-        text = phrase(phrasing, draw_constraint(kind, phrasing, topic, taken, rng))
+        constraint = draw_constraint(kind, phrasing, topic, taken, rng)
+        text = phrase(phrasing, constraint)
         if is_fragment(phrasing):
             task = task[:-1] + ("" if text.startswith(",") else " ") + text + "."
-            fragment_kinds.append(kind)
+            fragments.append(constraint)
         else:
             sentences.append(text)
-            sentence_kinds.append(kind)
-    return " ".join([task, *sentences]), fragment_kinds + sentence_kinds
+            sentence_constraints.append(constraint)
+    return " ".join([task, *sentences]), fragments + sentence_constraints
 
 
 def draw_kinds(first_pool: Sequence[str], pool: Sequence[str], rng: random.Random) -> list[str]:
@@ -175,6 +184,13 @@ def draw_kinds(first_pool: Sequence[str], pool: Sequence[str], rng: random.Rando
     first = rng.choice(first_pool)
     seconds = [kind for kind in pool if compatible(first, kind)]
     return [first, rng.choice(seconds)] if rng.random() < TWO_CONSTRAINTS else [first]
+
+
+def make_record(prompt: str, constraints: Sequence[Constraint], topic: Topic) -> dict:
+    """A prompt's record: its text, kinds and topic, and the constraints with an IFEval
+    counterpart as IFEval's columns (``rlhfkit.tasks.ifeval.ifeval_columns``)."""
+    record = {"prompt": prompt, "constraints": [c.kind for c in constraints], "topic": topic.name}
+    return record | ifeval_columns(constraints)
 
 
 def make_split(
@@ -189,10 +205,10 @@ def make_split(
     records = []
     for _ in range(100 * size):
         topic = rng.choice(topics)
-        prompt, kinds = make_prompt(topic, draw_kinds(*pools, rng), rng)
+        prompt, constraints = make_prompt(topic, draw_kinds(*pools, rng), rng)
         if prompt not in seen:
             seen.add(prompt)
-            records.append({"prompt": prompt, "constraints": kinds, "topic": topic.name})
+            records.append(make_record(prompt, constraints, topic))
         if len(records) == size:
             return records
     raise RuntimeError(f"only {len(records)} distinct prompts of {size} after many draws")

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from rlhfkit.data import Comparison
+from rlhfkit.data import Comparison, DataError
 from rlhfkit.evaluation.evaluate import EvalConfig, evaluate
 from rlhfkit.evaluation.measures import (
     PolicySamples,
@@ -24,6 +24,7 @@ from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorers import RewardModelScorer
 from rlhfkit.interact.sampling import best_of_n_expected, best_of_n_kl, sample_responses
 from rlhfkit.models.loading import RewardModel
+from rlhfkit.tasks.ifeval import ifeval_figures, ifeval_results
 
 PROMPTS = ["The cat sees", "A small bird wants a new", "We"]
 
@@ -349,3 +350,57 @@ def test_side_by_side_shows_the_prompt_as_written(tmp_path, tiny_model, tiny_tok
     evaluate(config)
     samples = json.loads(out.read_text())["samples"]
     assert [s["prompt"] for s in samples] == ["the rain was", "she said"]
+
+
+def test_ifeval_figures_beside_the_gold_and_the_columns_reach_the_task_s_judge(
+    tmp_path, tiny_model_dir
+):
+    """Prompts with IFEval's columns: the ifeval task's judge gets them (its gold is the
+    share of instructions met, strictly), and every row has IFEval's four figures, computed
+    again here from the samples."""
+    rows = [
+        {
+            "prompt": p,
+            "instruction_id_list": ["punctuation:no_comma", "change_case:english_lowercase"],
+            "kwargs": [{}, {}],
+        }
+        for p in PROMPTS
+    ]
+    rows.append({"prompt": "the end", "instruction_id_list": ["detectable_format:title"]})
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "eval.json"
+    config = EvalConfig(
+        models={"sft": str(tiny_model_dir)},
+        reference=str(tiny_model_dir),
+        reward_model=None,
+        task="ifeval",
+        prompts=str(prompts),
+        max_new_tokens=6,
+        batch_size=4,
+        best_of_n=[],
+        num_samples=len(rows),
+        output=str(out),
+    )
+    (sft,) = evaluate(config)
+    responses = [s["responses"]["sft"]["text"] for s in json.loads(out.read_text())["samples"]]
+    results = [
+        ifeval_results(r["prompt"], text, r["instruction_id_list"], r.get("kwargs"))
+        for r, text in zip(rows, responses, strict=True)
+    ]
+    expected = ifeval_figures(results)
+    for name in ("prompt_strict", "prompt_loose", "instruction_strict", "instruction_loose"):
+        assert sft[f"ifeval_{name}"] == pytest.approx(expected[name])
+    gold = [sum(s for _, s, _ in r) / len(r) for r in results]
+    assert sft["gold"] == pytest.approx(sum(gold) / len(gold))
+
+
+def test_a_prompt_the_task_s_judge_cannot_take_is_refused_before_sampling(tmp_path, tiny_model_dir):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "say hi", "instruction_id_list": ["no:such"]}) + "\n")
+    config = EvalConfig(
+        models={}, reference=str(tiny_model_dir), reward_model=None, task="ifeval",
+        prompts=str(prompts), best_of_n=[], output=str(tmp_path / "eval.json"),
+    )  # fmt: skip
+    with pytest.raises(DataError, match=r"prompts.jsonl line 1: reward function 'ifeval': "):
+        evaluate(config)

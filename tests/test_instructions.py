@@ -459,7 +459,9 @@ def test_the_test_file_holds_the_held_out_kinds_every_third_record(generated):
 def test_generated_records_load_as_prompts(generated):
     first, _, splits = generated
     records = load_records(first / "prompts" / "test.jsonl", "prompts")
-    assert records[0] == PromptRecord(splits["test"][0]["prompt"])
+    row = splits["test"][0]
+    columns = {key: value for key, value in row.items() if key != "prompt"}
+    assert records[0] == PromptRecord(row["prompt"], columns)  # IFEval's columns among them
 
 
 # ------------------------------------------------------------------ more responses per prompt

@@ -26,6 +26,7 @@ from rlhfkit.evaluation.measures import (
     best_of_n_curve,
     evaluate_policy,
     gold_scorer,
+    ifeval_scores,
     pass_rates,
     reward_model_accuracy,
     side_by_side,
@@ -34,7 +35,7 @@ from rlhfkit.evaluation.measures import (
 )
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import load_reward_models, reward_data_check
-from rlhfkit.experience.scorers import EnsembleScorer, RewardModelScorer
+from rlhfkit.experience.scorers import EnsembleScorer, RewardModelScorer, trl_style
 from rlhfkit.models.loading import (
     check_model_source,
     freeze,
@@ -239,6 +240,8 @@ def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -
     accuracy = None
     if comparisons is not None:
         gold_fn = None if config.task is None else REWARD_FUNCTIONS[config.task]
+        if gold_fn is not None and trl_style(gold_fn):  # it needs a prompt's columns, which
+            gold_fn = None  # comparisons do not carry
         rm = setup.reward_model  # its own tokenizer, if it has one: comparisons are texts
         tokenizer = rm.tokenizer or setup.tokenizer
         accuracy = reward_model_accuracy(
@@ -288,6 +291,8 @@ def _sampled_rows(
         {**summarize(n, s, baseline), "kl_method": "sampled", "prompts": size}
         for n, s in named.items()
     ]
+    for row in table:  # IFEval's figures beside the gold, where the prompts carry its columns
+        row.update(ifeval_scores(named[row["model"]], setup.prompts) or {})
     curve: list[dict] = []
     if _samples_best_of_n(config, setup):
         bon_prompts = setup.prompts[: config.best_of_n_prompts]
@@ -302,5 +307,6 @@ def _sampled_rows(
             **setup.common,
         )
         row = summarize(name, named[name], baseline.first(len(bon_prompts)))
+        row.update(ifeval_scores(named[name], bon_prompts) or {})
         table.append({**row, "kl_method": "analytic", "prompts": len(bon_prompts)})
     return named, table, curve, parts, unasked

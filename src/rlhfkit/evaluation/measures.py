@@ -63,7 +63,8 @@ from rlhfkit.models.lora import reference_mode
 from rlhfkit.models.passes import response_logprobs, sequence_inputs
 from rlhfkit.ops.masks import masked_sum
 from rlhfkit.runtime.machine import Runtime
-from rlhfkit.tasks import REWARD_FUNCTIONS, Breakdown, distinct_n
+from rlhfkit.tasks import REWARD_FUNCTIONS, Breakdown, distinct_n, ifeval
+from rlhfkit.tasks.completions import prompt_text
 
 
 # --------------------------------------------------------------------------- pure metrics
@@ -415,6 +416,27 @@ def _share_row(
         out[count_key] = sum(counts[p][name][1] for p in parts)
         out[name] = sum(counts[p][name][0] for p in parts) / out[count_key]
     return out
+
+
+def ifeval_scores(
+    samples: PolicySamples, prompts: Sequence[PromptExample]
+) -> dict[str, float] | None:
+    """IFEval's four figures (``tasks.ifeval.ifeval_figures``) of ``samples``, the i-th sample
+    answering ``prompts[i]``, over the prompts whose columns carry IFEval instructions, keyed
+    ``ifeval_prompt_strict`` and so on; None where none does."""
+    results = []
+    for example, response in zip(prompts, samples.responses, strict=False):
+        try:
+            ids, arguments = ifeval.constraints_of(example.record.columns)
+        except ValueError:  # a prompt without IFEval's columns: the figures leave it out
+            continue
+        if ids:
+            prompt = prompt_text(example.record.prompt)
+            results.append(ifeval.ifeval_results(prompt, response, ids, arguments))
+    if not results:
+        return None
+    figures = ifeval.ifeval_figures(results)
+    return {f"ifeval_{name}": value for name, value in figures.items()}
 
 
 def pass_rates(named: dict[str, PolicySamples], breakdown: Breakdown) -> list[dict]:

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-from rlhfkit.tasks import instructions
+from rlhfkit.tasks import ifeval, instructions
 from rlhfkit.tasks.instructions import check_lengths
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -179,6 +179,7 @@ REWARD_FUNCTIONS = {
     "sentiment": gold_reward,
     "digits": digits_reward,
     "instructions": instructions.instructions_reward,
+    "ifeval": ifeval.ifeval_reward,
 }
 """The gold judge of each built-in task, by the task's name."""
 
@@ -189,7 +190,9 @@ BUNDLED_REWARDS = {**REWARD_FUNCTIONS, "gold": gold_reward, **SHAPING_REWARDS}
 """Every reward function rlhfkit ships, by the name ``reward_functions`` takes ("gold" is the
 sentiment task's judge under its older name)."""
 
-PROMPT_CHECKS: dict[str, Callable[[object, dict], str | None]] = {}
+PROMPT_CHECKS: dict[str, Callable[[object, dict], str | None]] = {
+    "ifeval": ifeval.check_ifeval_prompt,
+}
 """A bundled reward function's check of one prompt record, by its name: (prompt as written,
 the row's other columns) -> what the function cannot take in it, or None. Run when the data
 loads, so a prompt it cannot judge stops the run before any model loads."""
