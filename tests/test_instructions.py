@@ -21,6 +21,7 @@ from rlhfkit.tasks.instructions import (
     TOPICS,
     TRAINING_KINDS,
     Constraint,
+    check_instructions_prompt,
     constraint_results,
     guard_reason,
     instruction_score,
@@ -194,6 +195,234 @@ def test_the_judge_reads_how_people_ask_beyond_what_the_generator_writes():
     assert parse_constraints("Explain tides in 3 sentences.") == [Constraint("sentences", 3)]
 
 
+def each_word(kind: str, n: int | None, *quoted: str) -> list[Constraint]:
+    """One constraint of ``kind`` for each word: what a list of quoted words states."""
+    return [Constraint(kind, n, w) for w in quoted]
+
+
+# A hand-written prompt for every judge-only phrasing (a test below holds the table to that):
+# (prompt, the constraints it states, in order).
+UNDERSTOOD = [
+    ("Describe a river in fewer than 30 words.", [Constraint("max_words", 29)]),
+    ("Answer with less than 50 words.", [Constraint("max_words", 49)]),
+    ("Describe a river in no more than 30 words.", [Constraint("max_words", 30)]),
+    ("Your answer should be at most 40 words long.", [Constraint("max_words", 40)]),
+    ("Describe a cat. Keep it under 20 words.", [Constraint("max_words", 19)]),
+    ("Describe a river in 30 words or fewer.", [Constraint("max_words", 30)]),
+    ("Write 25 words or less about a cat.", [Constraint("max_words", 25)]),
+    ("Describe a river using up to 30 words.", [Constraint("max_words", 30)]),
+    ("Describe a river with a maximum of 40 words.", [Constraint("max_words", 40)]),
+    ("Describe a river. Limit your answer to 60 words.", [Constraint("max_words", 60)]),
+    ("Your response should contain at least 40 words.", [Constraint("min_words", 40)]),
+    ("Write not less than 60 words about a cat.", [Constraint("min_words", 60)]),
+    ("Describe a river in more than 50 words.", [Constraint("min_words", 51)]),
+    ("Describe a river in 50 words or more.", [Constraint("min_words", 50)]),
+    ("Describe a river with a minimum of 80 words.", [Constraint("min_words", 80)]),
+    ("Explain tides in one sentence.", [Constraint("sentences", 1)]),
+    ("Explain tides in a single sentence.", [Constraint("sentences", 1)]),
+    ("Write two sentences about a cat.", [Constraint("sentences", 2)]),
+    ("Tell me about tides. Respond using exactly four sentences.", [Constraint("sentences", 4)]),
+    ("Explain tides. Your answer should be one sentence.", [Constraint("sentences", 1)]),
+    ("Describe a river in 3 paragraphs.", [Constraint("paragraphs", 3)]),
+    ("Write two paragraphs about a cat.", [Constraint("paragraphs", 2)]),
+    ("Describe a river. Break it into three paragraphs.", [Constraint("paragraphs", 3)]),
+    ("Summarize the plot in 4 bullet points.", [Constraint("bullets", 4)]),
+    ("Your response should contain 3 bullet points.", [Constraint("bullets", 3)]),
+    ("Name some birds. Answer with a bullet list of five points.", [Constraint("bullets", 5)]),
+    ("Give two reasons to exercise as a bulleted list.", [Constraint("bullets", 2)]),
+    ("List three fruits in bullet points.", [Constraint("bullets", 3)]),
+    ("Explain how to boil pasta as a numbered list of 4 steps.", [Constraint("numbered", 4)]),
+    ("Explain how to bake bread in 5 numbered steps.", [Constraint("numbered", 5)]),
+    ("Give me three tips for sleeping well, as a numbered list.", [Constraint("numbered", 3)]),
+    ("Describe the moon in lowercase.", [Constraint("lowercase")]),
+    ("Describe the moon. Reply in lower case only.", [Constraint("lowercase")]),
+    ("Describe the moon. No capital letters at all.", [Constraint("lowercase")]),
+    ("Describe the moon and don't capitalize anything.", [Constraint("lowercase")]),
+    ("Describe the moon in all caps.", [Constraint("uppercase")]),
+    ("Describe the moon in capital letters.", [Constraint("uppercase")]),
+    ("Describe the moon. Answer in uppercase letters only.", [Constraint("uppercase")]),
+    ("In your entire response, refrain from the use of any commas.", [Constraint("no_commas")]),
+    ("Describe the moon without commas.", [Constraint("no_commas")]),
+    ("Describe the moon. Don't use commas.", [Constraint("no_commas")]),
+    ("Describe the moon. No commas.", [Constraint("no_commas")]),
+    ("Describe the moon. Avoid using commas.", [Constraint("no_commas")]),
+    (
+        "Describe the moon. Open your response with the word 'tonight'.",
+        [Constraint("start_word", None, "tonight")],
+    ),
+    (
+        "Describe the moon. Start with the word 'tonight'.",
+        [Constraint("start_word", None, "tonight")],
+    ),
+    ("Your reply should begin with the word “look”.", [Constraint("start_word", None, "look")]),
+    ("The first word of the response should be 'look'.", [Constraint("start_word", None, "look")]),
+    (
+        "Describe the moon. Conclude it with the word 'night'.",
+        [Constraint("end_word", None, "night")],
+    ),
+    ("Describe the moon and end with the word 'night'.", [Constraint("end_word", None, "night")]),
+    (
+        "Describe the moon. The answer must end with the word 'night'.",
+        [Constraint("end_word", None, "night")],
+    ),
+    ("The last word of your reply should be 'night'.", [Constraint("end_word", None, "night")]),
+    (
+        "Finish your response with this exact phrase 'peace'.",
+        [Constraint("end_word", None, "peace")],
+    ),
+    ("Describe the moon. Use the word 'silver'.", [Constraint("keyword", 1, "silver")]),
+    (
+        "Describe the moon. Mention the words 'tide' and 'night'.",
+        each_word("keyword", 1, "tide", "night"),
+    ),
+    (
+        "Describe the moon. Use the word 'silver' in your answer.",
+        [Constraint("keyword", 1, "silver")],
+    ),
+    (
+        "Describe the moon. Make sure to use the word 'silver'.",
+        [Constraint("keyword", 1, "silver")],
+    ),
+    (
+        "Make sure the keyword 'silver' appears at least twice.",
+        [Constraint("keyword", 2, "silver")],
+    ),
+    (
+        "Describe the moon. Don't use the word 'cheese'.",
+        [Constraint("forbidden_word", None, "cheese")],
+    ),
+    (
+        "Never say the words 'cheese', 'rock' and 'dust'.",
+        each_word("forbidden_word", None, "cheese", "rock", "dust"),
+    ),
+    (
+        "Describe the moon. Do not mention the word 'cheese' in your reply.",
+        [Constraint("forbidden_word", None, "cheese")],
+    ),
+    (
+        "Describe the moon. Avoid using the word 'cheese'.",
+        [Constraint("forbidden_word", None, "cheese")],
+    ),
+    (
+        "Describe the moon without the word 'cheese'.",
+        [Constraint("forbidden_word", None, "cheese")],
+    ),
+    (
+        "Describe the moon. The word 'cheese' must not appear.",
+        [Constraint("forbidden_word", None, "cheese")],
+    ),
+    ("Describe the moon. Put your whole answer in double quotes.", [Constraint("quotes")]),
+    (
+        "Describe the moon and give it a title in <<double angular brackets>>.",
+        [Constraint("title")],
+    ),
+    ("Please explicitly add a postscript starting with P.S.", [Constraint("postscript")]),
+    ("Describe the moon and add a P.S. at the end.", [Constraint("postscript")]),
+    # two at once, and where phrasings meet: the one that starts first (and is longest) counts
+    (
+        "Describe the moon in lowercase and without commas.",
+        [Constraint("lowercase"), Constraint("no_commas")],
+    ),
+    (
+        "Describe the moon.\n- Use the word 'silver'.\n- Please answer in all caps.",
+        [Constraint("keyword", 1, "silver"), Constraint("uppercase")],
+    ),
+    ("Use the word 'rain' at least twice.", [Constraint("keyword", 2, "rain")]),
+    ("Do not use the word 'rain'.", [Constraint("forbidden_word", None, "rain")]),
+]
+
+
+@pytest.mark.parametrize(("prompt", "constraints"), UNDERSTOOD)
+def test_the_judge_reads_its_judge_only_phrasings(prompt, constraints):
+    for text in (prompt, CHAT.format(prompt), prompt.upper()):
+        assert parse_constraints(text) == constraints, text
+
+
+def test_every_judge_only_phrasing_has_an_example():
+    for kind in KINDS.values():
+        understood = kind.patterns()[len(kind.phrasings) :]
+        for phrasing, pattern in zip(kind.understood, understood, strict=True):
+            assert any(pattern.search(p) for p, _ in UNDERSTOOD), (kind.name, phrasing)
+
+
+TASK = "Write a short poem about a river."
+IFEVAL_WORDING = [
+    # (IFEval's instruction class, its arguments, the constraints the judge reads in its text)
+    ("NumberOfWords", {"num_words": 40, "relation": "at least"}, [Constraint("min_words", 40)]),
+    ("NumberOfWords", {"num_words": 40, "relation": "less than"}, [Constraint("max_words", 39)]),
+    ("BulletListChecker", {"num_bullets": 3}, [Constraint("bullets", 3)]),
+    ("LowercaseLettersEnglishChecker", {}, [Constraint("lowercase")]),
+    ("CapitalLettersEnglishChecker", {}, [Constraint("uppercase")]),
+    ("CommaChecker", {}, [Constraint("no_commas")]),
+    (
+        "KeywordChecker",
+        {"keywords": ["sun", "river"]},
+        each_word("keyword", 1, "river", "sun"),
+    ),
+    (
+        "KeywordFrequencyChecker",
+        {"keyword": "river", "frequency": 3, "relation": "at least"},
+        [Constraint("keyword", 3, "river")],
+    ),
+    (
+        "ForbiddenWords",
+        {"forbidden_words": ["sun", "water"]},
+        each_word("forbidden_word", None, "sun", "water"),
+    ),
+    ("QuotationChecker", {}, [Constraint("quotes")]),
+    ("TitleChecker", {}, [Constraint("title")]),
+    ("PostscriptChecker", {"postscript_marker": "P.S."}, [Constraint("postscript")]),
+    ("EndChecker", {"end_phrase": "peace"}, [Constraint("end_word", None, "peace")]),
+    # what means something else than a kind of the judge, or that the judge cannot check
+    ("NumberOfSentences", {"num_sentences": 5, "relation": "less than"}, []),  # a bound
+    ("NumberOfSentences", {"num_sentences": 5, "relation": "at least"}, []),
+    ("ParagraphChecker", {"num_paragraphs": 3}, []),  # paragraphs split by ***
+    ("ParagraphFirstWordCheck", {"num_paragraphs": 3, "nth_paragraph": 2, "first_word": "so"}, []),
+    ("KeywordFrequencyChecker", {"keyword": "river", "frequency": 3, "relation": "less than"}, []),
+    ("PostscriptChecker", {"postscript_marker": "P.P.S"}, []),
+    ("EndChecker", {"end_phrase": "Any other questions?"}, []),  # a phrase, not a word
+]
+
+
+@pytest.mark.parametrize(("name", "arguments", "constraints"), IFEVAL_WORDING)
+def test_the_judge_reads_ifeval_s_own_wording_of_the_kinds_it_checks(name, arguments, constraints):
+    from if_verifiable.ifeval import instructions as ifeval_instructions
+
+    wording = getattr(ifeval_instructions, name)(name).build_description(**arguments)
+    assert parse_constraints(f"{TASK} {wording}") == constraints, wording
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "How do you use the word 'affect' in a sentence?",
+        "Why do people write in all caps?",
+        "What is a bulleted list?",
+        "Tell me about a cat. It has at least 3 words in its name.",
+        "Explain why some people end every sentence with the word 'like'.",
+        "Which words start with the word 'un'?",
+        "Do not answer in lowercase.",  # a negation before it
+        "Describe the moon, but never in capital letters.",
+        "Describe the moon in fewer than 10 words per sentence.",  # not of the whole answer
+        "Describe the moon in two or three sentences.",  # no one number
+        "Give two or three reasons to exercise as a bulleted list.",
+        "List some fruits as a bulleted list.",  # no number of bullets: none made up
+        "Describe the moon in 50 words.",  # about 50, or exactly?
+        "Describe the moon and add a postscript.",  # "P.S.", "PS:" or "Postscript:"?
+        "Put your answer in quotes.",  # single or double?
+    ],
+)
+def test_text_that_asks_for_nothing_the_judge_checks_states_no_constraint(prompt):
+    assert parse_constraints(prompt) == []
+
+
+def test_a_list_s_length_is_the_number_of_things_asked_for():
+    prompt = "Give two reasons to exercise as a bulleted list."
+    two = "- Exercise keeps your heart healthy.\n- A walk lifts your mood."
+    assert instruction_score(prompt, two) == 1.0
+    assert instruction_score(prompt, two + "\n- Running helps you sleep.") == 0.0
+
+
 def test_every_kind_has_a_sentence_phrasing():
     for kind in KINDS.values():
         assert any(p[0].isupper() for p in kind.phrasings), kind.name
@@ -203,6 +432,30 @@ def test_a_prompt_without_a_constraint_raises_naming_it():
     with pytest.raises(ValueError, match="'Tell me a joke.' states no constraint"):
         instruction_score("Tell me a joke.", "Why did the chicken cross the road?")
     assert constraint_results("Tell me a joke.", "ok") == {}
+
+
+def test_the_error_names_the_kinds_the_judge_knows():
+    with pytest.raises(ValueError, match=f"kinds it knows: {', '.join(KINDS)};"):
+        instruction_score("Tell me a joke.", "Why did the chicken cross the road?")
+
+
+def chat(user: str) -> list[dict]:
+    return [{"role": "system", "content": "You are kind."}, {"role": "user", "content": user}]
+
+
+def test_the_load_time_check_refuses_a_prompt_the_judge_cannot_read():
+    readable = "Give two reasons to exercise as a bulleted list."
+    assert check_instructions_prompt(readable, {}) is None
+    assert check_instructions_prompt(chat(readable), {"topic": "exercise"}) is None
+    for prompt in ("Tell me a joke.", chat("Tell me a joke.")):
+        problem = check_instructions_prompt(prompt, {})
+        assert problem.startswith("the prompt 'Tell me a joke.' states no constraint"), problem
+        assert f"kinds it knows: {', '.join(KINDS)};" in problem
+    long = " ".join(f"Tell me joke number {i} about a river." for i in range(20))
+    shown = check_instructions_prompt(long, {}).split(" states no constraint")[0]
+    assert shown.startswith("the prompt 'Tell me joke number 0 ")
+    assert shown.endswith("number 19 about a river.'") and " ... " in shown  # start and end
+    assert len(shown) < 140
 
 
 # ------------------------------------------------------------------------------------ guard

@@ -446,8 +446,8 @@ class EvalPromptOptions:
     max_eval_samples: int | None = 64
     """Use only the first this many evaluation prompts; None uses all."""
     gold_functions: list[str] = dataclasses.field(default_factory=list)
-    """Reward functions named as in `reward_functions` (digits, gold, instructions, sentiment,
-    unasked_case, module:function) that score the held-out samples at each evaluation beside
+    """Reward functions named as in `reward_functions` (digits, gold, ifeval, instructions,
+    sentiment, unasked_case, module:function) that score the held-out samples at each evaluation beside
     the training scorer, their sum logged as `eval/gold`. Never trained on: the true measure, where the
     training reward is a learnt proxy (a reward model), so that over-optimisation shows while
     the run goes (the gold falls while `eval/score` rises). Needs `eval_data`."""
@@ -523,7 +523,9 @@ class RewardOptions(RewardModelOptions):
 
     reward_functions: list[str] = dataclasses.field(default_factory=list)
     """Reward functions by name: digits, gold, instructions, sentiment (the bundled tasks),
-    unasked_case (-1 for a letter case the prompt did not ask for, beside instructions),
+    ifeval (the share of a prompt's IFEval instructions met, by IFEval's own checkers, from
+    its columns instruction_id_list and kwargs, or ground_truth), unasked_case (-1 for a
+    letter case the prompt did not ask for, beside instructions),
     perplexity (under the policy), perplexity:PATH (under the causal LM at PATH), or
     module:function, a Python reward function (imported and run: name only code you trust)
     written TRL's way, `f(prompts, completions, completion_ids, **columns)`, which gets the

@@ -515,7 +515,10 @@ _ONLINE: dict[str, Answer] = {
     "trust_remote_code": SAME,
     "router_aux_loss_coef": _NO_MOE_AUX,
     "disable_dropout": same("on by default here (off in TRL)"),
-    "remove_unused_columns": missing("reward functions receive (prompts, responses) only"),
+    "remove_unused_columns": missing(
+        "every column of a prompt's row reaches the reward functions by name, as TRL's "
+        "remove_unused_columns=False"
+    ),
     "num_generations": SAME,
     "num_generations_eval": missing(
         "evaluation samples one response per held-out prompt (--eval_data, --max_eval_samples)"
@@ -727,7 +730,7 @@ RL_SCRIPT_ARGUMENTS: dict[str, Answer] = {
     "reward_model_name_or_path": ours("reward_model"),
     "reward_funcs": ours(
         "reward_functions",
-        note="digits, gold, instructions, sentiment, unasked_case, "
+        note="digits, gold, ifeval, instructions, sentiment, unasked_case, "
         "perplexity, perplexity:PATH or module:function",
     ),
 }

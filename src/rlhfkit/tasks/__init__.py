@@ -191,6 +191,7 @@ BUNDLED_REWARDS = {**REWARD_FUNCTIONS, "gold": gold_reward, **SHAPING_REWARDS}
 sentiment task's judge under its older name)."""
 
 PROMPT_CHECKS: dict[str, Callable[[object, dict], str | None]] = {
+    "instructions": instructions.check_instructions_prompt,
     "ifeval": ifeval.check_ifeval_prompt,
 }
 """A bundled reward function's check of one prompt record, by its name: (prompt as written,

@@ -9,16 +9,43 @@ morning in under 25 words." or "Name a few fruits, all in lowercase. Do not use 
 
 Each constraint kind (``KINDS``) has phrasings: templates whose slots are ``{n}`` (a number as
 digits), ``{below}`` (digits, one more than the parameter: "under 25 words" means at most 24),
-``{count}`` (a number word, "three"), ``{times}`` ("once", "twice", "three times") and
-``{word}`` (a quoted word). A phrasing that starts in lower case ("in under {below} words") is
-a fragment that the prompt generator appends to the task sentence; the others are sentences.
-A kind may also have phrasings the judge understands but the generator never writes (how
-people ask: "Answer in one sentence."), so the judge works on prompts written by hand. The
-parser turns every phrasing into a regular expression and searches it anywhere in the
+``{count}`` (a number word, "three", digits or "a single"), ``{times}`` ("once", "twice",
+"three times") and ``{word}`` (a word, quoted as the generator writes it, or bare as IFEval
+does). A phrasing that starts in lower case ("in under {below} words") is a fragment that the
+prompt generator appends to the task sentence; the others are sentences.
+``HELDOUT_KINDS`` never appear in the training prompts: they measure whether following
+instructions carries over to kinds of constraint never rewarded.
+
+A kind may also have phrasings the judge understands but the generator never writes
+(``understood``), so the judge works on prompts written by hand: IFEval's own wording of the
+kinds it checks ("Answer with less than 100 words.", "Include keywords ['river', 'sun'] in the
+response.") and how people ask ("Answer in one sentence.", "Give two reasons to exercise as a
+bulleted list."). Their templates may also hold groups of alternatives, "(answer|response)"
+(one may be empty: "(entire |)"), and the slots ``{above}`` (digits, one less than the
+parameter: "more than 50 words" means at least 51), ``{words}`` (quoted words joined by commas
+or "and", or a list of them as IFEval writes it: one constraint each) and ``{things}`` (the
+words a count is of, "two reasons to exercise": the items of a list); a kind's
+``unstated_n`` is the number meant where a phrasing states none ("Use the word 'rain'.": at
+least once). IFEval wording that means something else is left out: its sentence counts ("less
+than 5 sentences") are bounds, not an exact count, its paragraphs are separated by ``***``,
+not blank lines, and its postscript may start with "P.P.S". Nor is a number made up where a
+prompt gives none: "as a bulleted list" alone states no number of bullets.
+
+The parser turns every phrasing into a regular expression and searches it anywhere in the
 prompt, because prompts reach reward functions as decoded text that may hold a chat template's
 rendering ("system\\n...\\nuser\\nDescribe ...\\nassistant\\n"); letter case and the spacing
-between words do not matter. ``HELDOUT_KINDS`` never appear in the training prompts: they
-measure whether following instructions carries over to kinds of constraint never rewarded.
+between words do not matter. Because the wording people use also turns up in text that asks
+for nothing:
+
+- a judge-only phrasing that is a sentence counts only where a sentence, a line or a clause
+  starts, "Please" or a list marker aside ("How do you use the word 'affect'?" asks for no
+  keyword), and one that ends in a period only where a clause ends: . ! , ; : ")", "and",
+  "then" or a line's end ("Why do people write in all caps?" asks for no capitals);
+- no phrasing counts that ends inside a word or right before "each", "per" or "or" ("under 10
+  words per sentence"), nor one after a negation in its clause: "no", "not", "n't", "never",
+  "without", "avoid", "refrain" ("Do not answer in lowercase", "no fewer than 50 words");
+- where phrasings found overlap, the one that starts first (the longest of those) counts:
+  "Use the word 'rain' at least twice." is not also "Use the word 'rain'."
 
 Rules of the checks (the judge sees only the prompt text and the response):
 
@@ -56,7 +83,9 @@ is met by "ok ok ok". The guard gives 0 to a response that is
   a listed word in passing passes.
 
 A prompt in which the parser finds no constraint is a ValueError, not a score: the judge is for
-this task's prompts, and a silent 0 or 1 for any other would hide the mistake.
+this task's prompts, and a silent 0 or 1 for any other would hide the mistake. The data's
+load-time check (``check_instructions_prompt``) refuses such a prompt before a run starts,
+naming it and the kinds the judge knows.
 
 The judge scores only what a prompt asks for, so it never charges for a shape nobody asked
 for: an answer all in lowercase meets every other kind as well as one in the normal case. A
@@ -72,8 +101,11 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from rlhfkit.tasks.completions import prompt_text
 
 WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*")
 NUMBER_NAMES = ("zero", "one", "two", "three", "four", "five")
@@ -149,16 +181,19 @@ class Constraint:
 @dataclass(frozen=True)
 class Kind:
     """A kind of constraint: its phrasings (module docstring), those the judge only reads
-    (``understood``: never written into generated prompts), and its check."""
+    (``understood``: never written into generated prompts), its check, and the number a
+    phrasing that states none means (``unstated_n``: "Use the word 'rain'." is at least once)."""
 
     name: str
     check: Callable[[Constraint, str], bool]
     phrasings: tuple[str, ...]
     understood: tuple[str, ...] = ()
+    unstated_n: int | None = None
 
     def patterns(self) -> list[re.Pattern]:
         """The regular expressions that recognise the phrasings in a prompt."""
-        return [_pattern(p) for p in self.phrasings + self.understood]
+        written = [_pattern(p) for p in self.phrasings]
+        return written + [_pattern(p, understood=True) for p in self.understood]
 
 
 def _max_words(c: Constraint, response: str) -> bool:
@@ -233,6 +268,16 @@ def _postscript(c: Constraint, response: str) -> bool:
     return _POSTSCRIPT.search(response) is not None
 
 
+_ANSWER = "(answer|response|reply)"  # how a judge-only phrasing names the response
+# the word before a number of words: "Answer with at least 40 words." is a limit of the
+# answer, "It has at least 3 words in its name." is not
+_COUNT_LEAD = "(with|contain|contains|write|use|using|in|be|is|of|to|it) "
+_WHOLE_ANSWER = (
+    "(your entire |your whole |the entire |the whole |your |the |)(answer|response|reply|it)"
+)
+_LIST_VERB = "(Give|List|Name|Suggest|Share|Provide|Offer|Write|Describe|Explain)( me|)"
+_QUOTED_WORDS = "(the |)(keywords|keyword|words|word) {words}"
+
 KINDS: dict[str, Kind] = {
     kind.name: kind
     for kind in (
@@ -246,6 +291,15 @@ KINDS: dict[str, Kind] = {
                 "Keep your answer under {below} words.",
                 "Use no more than {n} words.",
             ),
+            understood=(
+                f"{_COUNT_LEAD}(less|fewer) than {{below}} words",  # IFEval: "Answer with ..."
+                f"{_COUNT_LEAD}(no|not) more than {{n}} words",
+                f"{_COUNT_LEAD}at most {{n}} words",
+                f"{_COUNT_LEAD}under {{below}} words",
+                f"{_COUNT_LEAD}{{n}} words or (fewer|less)",
+                f"{_COUNT_LEAD}(a maximum of|up to) {{n}} words",
+                f"(Limit|Keep) {_WHOLE_ANSWER} to {{n}} words",
+            ),
         ),
         Kind(
             "min_words",
@@ -256,6 +310,13 @@ KINDS: dict[str, Kind] = {
                 "Your answer must be at least {n} words long.",
                 "Use no fewer than {n} words.",
             ),
+            understood=(
+                f"{_COUNT_LEAD}at least {{n}} words",  # IFEval: "Answer with at least 40 words."
+                f"{_COUNT_LEAD}(no|not) (fewer|less) than {{n}} words",
+                f"{_COUNT_LEAD}more than {{above}} words",
+                f"{_COUNT_LEAD}{{n}} words or more",
+                f"{_COUNT_LEAD}a minimum of {{n}} words",
+            ),
         ),
         Kind(
             "sentences",
@@ -265,7 +326,12 @@ KINDS: dict[str, Kind] = {
                 "Reply with exactly {count} sentences.",
                 "Your answer must contain exactly {count} sentences.",
             ),
-            understood=("in {count} sentence",),
+            understood=(
+                "in {count} (sentence|sentences)",
+                "(Answer|Reply|Respond|Write|Use) (with |using |)(exactly |){count} "
+                "(sentence|sentences)",
+                f"{_ANSWER} (must|should) be (exactly |){{count}} (sentence|sentences)",
+            ),
         ),
         Kind(
             "paragraphs",
@@ -274,6 +340,11 @@ KINDS: dict[str, Kind] = {
                 "in {count} paragraphs separated by a blank line",
                 "Write exactly {count} paragraphs, separated by blank lines.",
                 "Split your answer into {count} paragraphs with a blank line between them.",
+            ),
+            understood=(
+                "in {count} (paragraph|paragraphs)",
+                "(Write|Use) (exactly |){count} (paragraph|paragraphs)",
+                f"(Split|Divide|Break) {_WHOLE_ANSWER} into {{count}} paragraphs",
             ),
         ),
         Kind(
@@ -284,6 +355,14 @@ KINDS: dict[str, Kind] = {
                 "Format your answer as exactly {count} bullet points.",
                 "Use a bulleted list with exactly {count} items.",
             ),
+            understood=(
+                # IFEval: "Your answer must contain exactly 3 bullet points."
+                "(contain|in|as|with|using|into|use|write|give) (exactly |){count} "
+                "(bullet points|bullets)",
+                "a (bulleted|bullet) list (of|with) (exactly |){count} (items|points|entries)",
+                f"{_LIST_VERB} {{count}}{{things}}(,|) (as|in) "
+                "(a bulleted list|a bullet list|a bullet-point list|bullet points|bullets).",
+            ),
         ),
         Kind(
             "numbered",
@@ -292,6 +371,11 @@ KINDS: dict[str, Kind] = {
                 "as a numbered list of {count} items",
                 "Format your answer as a numbered list with exactly {count} items.",
                 "Give exactly {count} numbered points.",
+            ),
+            understood=(
+                "a numbered list (of|with) (exactly |){count} (items|points|entries|steps)",
+                "(in|as|with|into|give) (exactly |){count} numbered (items|points|steps)",
+                f"{_LIST_VERB} {{count}}{{things}}(,|) (as|in) a numbered list.",
             ),
         ),
         Kind(
@@ -303,6 +387,12 @@ KINDS: dict[str, Kind] = {
                 "Use only lowercase letters, no capitals at all.",
                 "Do not use any capital letters.",
             ),
+            understood=(
+                # IFEval: "... in all lowercase letters. No capital letters are allowed."
+                "in (all |)(lowercase|lower case|lower-case)( letters|)( only|).",
+                "No capital letters( are allowed| allowed| at all|).",
+                "(Do not|Don't|Don’t) capitalize (anything|any letters|any words).",
+            ),
         ),
         Kind(
             "uppercase",
@@ -312,6 +402,11 @@ KINDS: dict[str, Kind] = {
                 "Write your entire answer in capital letters.",
                 "Use only uppercase letters.",
                 "Answer in all caps.",
+            ),
+            understood=(
+                # IFEval: "Your entire response should be in English, and in all capital letters."
+                "in (all |)(capital letters|capitals|caps|uppercase letters|uppercase|upper case|"
+                "upper-case|block capitals|block letters)( only|).",
             ),
         ),
         Kind(
@@ -323,6 +418,14 @@ KINDS: dict[str, Kind] = {
                 "Avoid commas entirely.",
                 "Your answer must not contain a single comma.",
             ),
+            understood=(
+                # IFEval: "In your entire response, refrain from the use of any commas."
+                "refrain from (the use of|using) (any |)commas.",
+                "without (using |)(any |)commas.",
+                "(Do not|Don't|Don’t|Never) use (any |)commas.",
+                "(Use no|No) commas( at all|).",
+                "Avoid (using |)commas.",
+            ),
         ),
         Kind(
             "start_word",
@@ -331,6 +434,12 @@ KINDS: dict[str, Kind] = {
                 "Start your answer with the word {word}.",
                 "The first word of your answer must be {word}.",
                 "Begin your reply with the word {word}.",
+            ),
+            understood=(
+                f"(Start|Begin|Open) {_WHOLE_ANSWER} with the word {{word}}.",
+                "(Start|Begin) with the word {word}.",
+                f"(your|the) {_ANSWER} (must|should) (start|begin) with the word {{word}}.",
+                f"The first word of (your|the) {_ANSWER} (must|should) be {{word}}.",
             ),
         ),
         Kind(
@@ -341,6 +450,15 @@ KINDS: dict[str, Kind] = {
                 "The last word of your answer must be {word}.",
                 "Finish your reply with the word {word}.",
             ),
+            understood=(
+                f"(End|Finish|Conclude) {_WHOLE_ANSWER} with the word {{word}}.",
+                "(End|Finish) with the word {word}.",
+                f"(your|the) {_ANSWER} (must|should) (end|finish) with the word {{word}}.",
+                f"The last word of (your|the) {_ANSWER} (must|should) be {{word}}.",
+                # IFEval's end phrase, where it is one word: "Finish your response with this
+                # exact phrase 'peace'. No other words should follow this phrase."
+                f"Finish (your|the) {_ANSWER} with (this|the) exact (phrase|word) {{word}}.",
+            ),
         ),
         Kind(
             "keyword",
@@ -350,6 +468,15 @@ KINDS: dict[str, Kind] = {
                 "Use the word {word} at least {times}.",
                 "Include the word {word} at least {times} in your answer.",
             ),
+            understood=(
+                # IFEval: "Include keywords ['river', 'sun'] in the response."
+                f"(Use|Include|Mention) {_QUOTED_WORDS}.",
+                f"(Use|Include|Mention) {_QUOTED_WORDS} in (your|the) {_ANSWER}.",
+                f"(Be sure|Make sure|Remember) to (use|include|mention) {_QUOTED_WORDS}.",
+                # IFEval: "In your response, the word river should appear at least 3 times."
+                "the (word|keyword) {word} (should appear|must appear|appears) at least {times}",
+            ),
+            unstated_n=1,
         ),
         Kind(
             "forbidden_word",
@@ -360,6 +487,16 @@ KINDS: dict[str, Kind] = {
                 "Avoid the word {word} entirely.",
                 "Never use the word {word} in your answer.",
             ),
+            understood=(
+                # IFEval: "Do not include keywords ['river', 'sun'] in the response."
+                f"(Do not|Don't|Don’t|Never) (use|include|mention|say) {_QUOTED_WORDS}.",
+                f"(Do not|Don't|Don’t|Never) (use|include|mention|say) {_QUOTED_WORDS} in "
+                f"(your|the) {_ANSWER}.",
+                f"Avoid (using |){_QUOTED_WORDS}.",
+                "without (using |)the (word|words) {words}.",
+                "the (word|words|keyword|keywords) {words} (must not|should not|may not) "
+                "(appear|be used)",
+            ),
         ),
         Kind(
             "quotes",
@@ -368,6 +505,11 @@ KINDS: dict[str, Kind] = {
                 "Wrap your entire answer in double quotation marks.",
                 "Put your whole reply inside double quotes.",
                 "Enclose your entire answer in double quotes.",
+            ),
+            understood=(
+                # IFEval: "Wrap your entire response with double quotation marks."
+                f"(Wrap|Enclose|Put|Place) {_WHOLE_ANSWER} (in|with|inside|within|between) "
+                "double (quotation marks|quotes).",
             ),
         ),
         Kind(
@@ -378,6 +520,12 @@ KINDS: dict[str, Kind] = {
                 "Include a title in double angle brackets, like <<title>>.",
                 "Add a title inside double angular brackets, for example <<a good day>>.",
             ),
+            understood=(
+                # IFEval: "Your answer must contain a title, wrapped in double angular brackets,
+                # such as <<poem of joy>>."
+                "a title(,|) (wrapped in|in|inside|within|enclosed in) (double angular brackets|"
+                "double angle brackets|<<double angular brackets>>|<<double angle brackets>>)",
+            ),
         ),
         Kind(
             "postscript",
@@ -386,6 +534,12 @@ KINDS: dict[str, Kind] = {
                 "At the end of your answer, add a postscript starting with P.S.",
                 "End with a postscript that begins with P.S.",
                 "Add a P.S. at the end of your reply.",
+            ),
+            understood=(
+                # IFEval: "At the end of your response, please explicitly add a postscript
+                # starting with P.S." (not its "P.P.S", which the check does not read)
+                "a postscript (starting|beginning|that starts|that begins) with P.S.",
+                "(add|include|write|end with|finish with) a (P.S.|PS)",
             ),
         ),
     )
@@ -396,15 +550,33 @@ TRAINING_KINDS = tuple(name for name in KINDS if name not in HELDOUT_KINDS)
 # --------------------------------------------------------------------------------- phrasings
 
 _NUMBER_NAME = "|".join(NUMBER_NAMES)
+_QUOTED = rf"[\"'‘“]({WORD.pattern})[\"'’”]"
 _SLOTS = {
     "n": r"(?P<n>\d+)",
     "below": r"(?P<below>\d+)",
-    "count": rf"(?P<count>{_NUMBER_NAME}|\d+)",
+    "above": r"(?P<above>\d+)",
+    "count": rf"(?P<count>{_NUMBER_NAME}|\d+|a\s+single)",
     "times": rf"(?P<times>once|twice|(?:{_NUMBER_NAME}|\d+)\s+times)",
-    "word": rf"[\"'‘“](?P<word>{WORD.pattern})[\"'’”]",
+    "word": rf"[\"'‘“]?(?P<word>{WORD.pattern})[\"'’”]?",  # IFEval leaves it unquoted
+    "words": rf"(?P<words>\[?{_QUOTED}(?:(?:\s*,\s*|\s*,?\s+and\s+){_QUOTED})*\]?)",
+    # a few words after a count, the first not "or", "to" or "and" ("two or three reasons")
+    "things": r"(?P<things>[ \t]+(?!(?:or|to|and)\b)[^\W\d_]+(?:[ \t'’-]+[^\W\d_]+){0,7}?)",
 }
 _SLOT = re.compile(r"\{(\w+)\}")
+_ALTERNATIVES = re.compile(r"\(([^()]*)\)")
 _TIMES = {"once": 1, "twice": 2}
+# where a judge-only sentence may start: a text's or line's start, after a sentence, a clause
+# ("Describe a cat, and use the word 'fur'.") or a list marker, with "Please" before it
+_SENTENCE_START = (
+    r"(?:^|(?<=[.!?:;,(])|(?<=[.!?][\"'”’)])|(?<=\band)|(?<=\bthen))[ \t]*"
+    r"(?:(?:[-*•]|\d+[.)])[ \t]+)?(?:please,?[ \t]+)?"
+)
+_CLAUSE_END = r"(?=[ \t]*(?:[.!,;:)]|$|(?:and|then)\b))"
+# no phrasing ends inside a word or right before "each", "per" or "or": "under 10 words per
+# sentence" and "in lowercase or in capitals" ask for something else
+_FREE_END = r"(?![^\W_])(?![ \t]+(?:each|per|or)\b)"
+_CLAUSE_BREAK = re.compile(r"[.!?;:,\n]|\b(?:and|but|then|or)\b", re.IGNORECASE)
+_NEGATION = re.compile(r"\b(?:no|not|never|without|avoid|refrain)\b|n['’]t\b", re.IGNORECASE)
 
 
 def _number_name(n: int) -> str:
@@ -421,39 +593,69 @@ def phrase(phrasing: str, constraint: Constraint) -> str:
     return phrasing.format(**values)
 
 
-def _literal(text: str) -> str:
+def _spaced(text: str) -> str:
     """Literal text as a regular expression that takes any run of whitespace for a space."""
     return r"\s+".join(re.escape(part) for part in text.split(" "))
 
 
+def _literal(text: str) -> str:
+    """Literal text as a regular expression (``_spaced``) that takes a group "(a|b)" for any
+    one of its alternatives."""
+    parts = _ALTERNATIVES.split(text)
+    return "".join(
+        f"(?:{'|'.join(map(_spaced, part.split('|')))})" if i % 2 else _spaced(part)
+        for i, part in enumerate(parts)
+    )
+
+
 @functools.cache
-def _pattern(phrasing: str) -> re.Pattern:
+def _pattern(phrasing: str, understood: bool = False) -> re.Pattern:
     """A phrasing as a regular expression: its words in order from a word's start, any letter
     case and spacing, its slots as named groups; without the final period, and without the
-    leading comma of a fragment, so a prompt may punctuate it its own way."""
-    parts = _SLOT.split(phrasing.lstrip(", ").rstrip("."))
+    leading comma of a fragment, so a prompt may punctuate it its own way. A judge-only
+    sentence must start a sentence, and a judge-only phrasing with a final period must end a
+    clause (module docstring)."""
+    text = phrasing.lstrip(", ")
+    parts = _SLOT.split(text.rstrip("."))
     regex = "".join(_SLOTS[part] if i % 2 else _literal(part) for i, part in enumerate(parts))
-    return re.compile(rf"(?<![^\W_]){regex}", re.IGNORECASE)
+    start = _SENTENCE_START if understood and text.lstrip("(")[0].isupper() else ""
+    end = _CLAUSE_END if understood and text.endswith(".") else ""
+    flags = re.IGNORECASE | re.MULTILINE
+    return re.compile(rf"{start}(?P<phrasing>(?<![^\W_]){regex}{end}{_FREE_END})", flags)
 
 
 def _number(text: str) -> int:
-    """ "3" or "three" -> 3; "once" -> 1, "twice" -> 2, "three times" -> 3."""
+    """ "3" or "three" -> 3; "once" or "a single" -> 1, "twice" -> 2, "three times" -> 3."""
     head = text.split()[0].lower()
+    if head == "a":
+        return 1
     if head in _TIMES:
         return _TIMES[head]
     return int(head) if head.isdigit() else NUMBER_NAMES.index(head)
 
 
-def _constraint(kind: str, match: re.Match) -> Constraint:
-    """The constraint one matched phrasing states."""
-    slots = {name: value for name, value in match.groupdict().items() if value is not None}
-    n = None
+def _constraints(kind: Kind, match: re.Match) -> list[Constraint]:
+    """The constraints one matched phrasing states: one, or one per word of ``{words}``."""
+    slots = {k: v for k, v in match.groupdict().items() if k in _SLOTS and v is not None}
+    n = kind.unstated_n
     if "below" in slots:
         n = int(slots["below"]) - 1
+    elif "above" in slots:
+        n = int(slots["above"]) + 1
     elif slots.keys() & {"n", "count", "times"}:
         n = _number(slots.get("n") or slots.get("count") or slots["times"])
+    if "words" in slots:
+        quoted = re.findall(_QUOTED, slots["words"])
+        return [Constraint(kind.name, n, words(w)[0]) for w in quoted]
     word = words(slots["word"])[0] if "word" in slots else None
-    return Constraint(kind, n, word)
+    return [Constraint(kind.name, n, word)]
+
+
+def _negated(prompt: str, start: int) -> bool:
+    """Whether a negation comes before ``start`` in its clause: "Do not write in lowercase"
+    asks for no lowercase, "no fewer than 50 words" for no limit of fewer than 50."""
+    clause = _CLAUSE_BREAK.split(prompt[:start])[-1]
+    return _NEGATION.search(clause) is not None
 
 
 def parse_constraints(prompt: str) -> list[Constraint]:
@@ -464,17 +666,25 @@ def parse_constraints(prompt: str) -> list[Constraint]:
 
 @functools.lru_cache(maxsize=4096)
 def _parse(prompt: str) -> tuple[Constraint, ...]:
-    """``parse_constraints``, cached: a group of samples shares its prompt."""
-    found = sorted(
+    """``parse_constraints``, cached: a group of samples shares its prompt. A match after a
+    negation, or overlapping one that starts before it, does not count (module docstring)."""
+    matches = sorted(
         (
-            (match.start(), _constraint(kind.name, match))
+            (match, kind)
             for kind in KINDS.values()
             for pattern in kind.patterns()
             for match in pattern.finditer(prompt)
         ),
-        key=lambda position_and_constraint: position_and_constraint[0],
+        key=lambda pair: (pair[0].start("phrasing"), -pair[0].end()),
     )
-    return tuple(dict.fromkeys(constraint for _, constraint in found))
+    found: list[Constraint] = []
+    end = 0
+    for match, kind in matches:
+        start = match.start("phrasing")
+        if start >= end and not _negated(prompt, start):
+            found += _constraints(kind, match)
+            end = match.end()
+    return tuple(dict.fromkeys(found))
 
 
 # ------------------------------------------------------------------------------------ topics
@@ -713,16 +923,37 @@ def guard_reason(prompt: str, response: str) -> str | None:
     return _guard(prompt, _parse(prompt), response)
 
 
+_SHOWN_CHARS = 120  # of a prompt in an error message: its start and end, the middle elided
+
+
+def _no_constraint(prompt: str) -> str:
+    """Why the judge cannot take ``prompt``: it names the prompt and the kinds the judge knows."""
+    half = _SHOWN_CHARS // 2
+    shown = prompt if len(prompt) <= _SHOWN_CHARS else f"{prompt[:half]} ... {prompt[-half:]}"
+    return (
+        f"the prompt {shown!r} states no constraint the 'instructions' judge can check (the "
+        f"kinds it knows: {', '.join(KINDS)}; their phrasings: rlhfkit.tasks.instructions.KINDS)"
+    )
+
+
 def _constraints_of(prompt: str) -> tuple[Constraint, ...]:
     """The prompt's constraints; a ValueError where it states none: this judge is for its
     task's prompts, and scoring any other prompt would be a silent mistake."""
     constraints = _parse(prompt)
     if not constraints:
-        raise ValueError(
-            f"the prompt {prompt!r} states no constraint the 'instructions' judge can check "
-            f"(kinds: {', '.join(KINDS)})"
-        )
+        raise ValueError(_no_constraint(prompt))
     return constraints
+
+
+def check_instructions_prompt(
+    prompt: str | Sequence[Mapping[str, Any]], columns: Mapping[str, Any]
+) -> str | None:
+    """What the judge cannot take in a prompt record, for the data's load-time check
+    (``tasks.PROMPT_CHECKS``): a prompt, as written (a string, or chat messages: the text of
+    the user's), in which it finds no constraint. None where it finds one; the judge reads no
+    column."""
+    text = prompt_text(prompt)
+    return None if _parse(text) else _no_constraint(text)
 
 
 def instruction_score(prompt: str, response: str) -> float:
