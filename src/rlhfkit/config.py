@@ -447,7 +447,7 @@ class EvalPromptOptions:
     """Use only the first this many evaluation prompts; None uses all."""
     gold_functions: list[str] = dataclasses.field(default_factory=list)
     """Reward functions named as in `reward_functions` (digits, gold, ifeval, instructions,
-    sentiment, unasked_case, module:function) that score the held-out samples at each evaluation beside
+    math, math_format, sentiment, unasked_case, module:function) that score the held-out samples at each evaluation beside
     the training scorer, their sum logged as `eval/gold`. Never trained on: the true measure, where the
     training reward is a learnt proxy (a reward model), so that over-optimisation shows while
     the run goes (the gold falls while `eval/score` rises). Needs `eval_data`."""
@@ -525,7 +525,9 @@ class RewardOptions(RewardModelOptions):
     """Reward functions by name: digits, gold, instructions, sentiment (the bundled tasks),
     ifeval (the share of a prompt's IFEval instructions met, by IFEval's own checkers, from
     its columns instruction_id_list and kwargs, or ground_truth), unasked_case (-1 for a
-    letter case the prompt did not ask for, beside instructions),
+    letter case the prompt did not ask for, beside instructions), math (1 where the final
+    answer equals the row's answer column, by Math-Verify), math_format (1 where the last line
+    is "Answer: <number>"),
     perplexity (under the policy), perplexity:PATH (under the causal LM at PATH), or
     module:function, a Python reward function (imported and run: name only code you trust)
     written TRL's way, `f(prompts, completions, completion_ids, **columns)`, which gets the

@@ -730,7 +730,7 @@ RL_SCRIPT_ARGUMENTS: dict[str, Answer] = {
     "reward_model_name_or_path": ours("reward_model"),
     "reward_funcs": ours(
         "reward_functions",
-        note="digits, gold, ifeval, instructions, sentiment, unasked_case, "
+        note="digits, gold, ifeval, instructions, math, math_format, sentiment, unasked_case, "
         "perplexity, perplexity:PATH or module:function",
     ),
 }

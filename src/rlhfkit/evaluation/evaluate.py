@@ -64,7 +64,7 @@ class EvalConfig(RewardModelOptions):
     None skips reward and best-of-n."""
     task: str | None = "sentiment"
     """Gold judge from ``rlhfkit.tasks.REWARD_FUNCTIONS`` ('sentiment', 'digits',
-    'instructions', 'ifeval'); None = none. A judge written TRL's way gets each prompt's
+    'instructions', 'ifeval', 'math'); None = none. A judge written TRL's way gets each prompt's
     columns; where the prompts carry IFEval's columns, every row also has IFEval's four
     figures."""
     prompts: str = str(DEMO_DATA_DIR / "prompts")

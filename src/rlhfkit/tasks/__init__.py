@@ -41,7 +41,16 @@ and the verifiable rewards of Tulu 3's RLVR (Lambert et al. 2024): a prompt is a
 plus one or two constraints a program can check ("in under 25 words", "all in lowercase"), and
 the reward is the share of the constraints met, zeroed by a guard against empty, echoed,
 repetitive or off-topic answers. Its prompts are in ``assets/data/instructions`` (see
-``scripts/make_instruction_prompts.py``).
+``scripts/make_instruction_prompts.py``), and carry their constraints in IFEval's own
+vocabulary too (columns ``instruction_id_list`` and ``kwargs``), which the ``ifeval`` reward
+checks with IFEval's reference checkers (``tasks/ifeval.py``).
+
+The math task (``tasks/math_problems.py``) is reinforcement learning from verifiable rewards
+as the field writes it: arithmetic word problems with their ``answer`` column
+(``assets/data/math``, from ``scripts/make_math_problems.py``), and the ``math`` reward, 1 where
+the response's final answer equals it by Math-Verify, the verifier of TRL's and open-r1's
+accuracy rewards. Its reward functions are written TRL's way, ``f(completions, answer,
+**kwargs)``: they get the dataset's columns by name.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ from pathlib import Path
 
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-from rlhfkit.tasks import ifeval, instructions
+from rlhfkit.tasks import ifeval, instructions, math_problems
 from rlhfkit.tasks.instructions import check_lengths
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -63,6 +72,7 @@ BASE_MODEL_DIR = ASSETS_DIR / "base"
 CORPUS_DIR = ASSETS_DIR / "corpus"
 DEMO_DATA_DIR = ASSETS_DIR / "data" / "demo"
 INSTRUCTIONS_DATA_DIR = ASSETS_DIR / "data" / "instructions"
+MATH_DATA_DIR = ASSETS_DIR / "data" / "math"
 
 WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")  # keep in sync with scripts/build_corpus.py
 NUMBER = re.compile(r"\d+")
@@ -180,10 +190,14 @@ REWARD_FUNCTIONS = {
     "digits": digits_reward,
     "instructions": instructions.instructions_reward,
     "ifeval": ifeval.ifeval_reward,
+    "math": math_problems.math_reward,
 }
 """The gold judge of each built-in task, by the task's name."""
 
-SHAPING_REWARDS = {"unasked_case": instructions.unasked_case_reward}
+SHAPING_REWARDS = {
+    "unasked_case": instructions.unasked_case_reward,
+    "math_format": math_problems.math_format_reward,
+}
 """Reward functions that judge no task alone but go beside a judge's score, by name."""
 
 BUNDLED_REWARDS = {**REWARD_FUNCTIONS, "gold": gold_reward, **SHAPING_REWARDS}
@@ -193,6 +207,7 @@ sentiment task's judge under its older name)."""
 PROMPT_CHECKS: dict[str, Callable[[object, dict], str | None]] = {
     "instructions": instructions.check_instructions_prompt,
     "ifeval": ifeval.check_ifeval_prompt,
+    "math": math_problems.check_math_prompt,
 }
 """A bundled reward function's check of one prompt record, by its name: (prompt as written,
 the row's other columns) -> what the function cannot take in it, or None. Run when the data
