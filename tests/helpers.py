@@ -6,10 +6,12 @@ and model, the device, thread counts) are in ``conftest.py``; tests import what 
 here with ``from helpers import tiny_lm``.
 """
 
+import importlib.util
 import json
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -188,3 +190,12 @@ def sigterm_after_steps(process: subprocess.Popen, run_dir: Path, steps: int = 2
         time.sleep(0.02)
     process.send_signal(signal.SIGTERM)
     return process.communicate(timeout=120)[1]
+
+
+def load_script(path: Path):
+    """A script of scripts/ as a module."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # where its dataclasses look their annotations up
+    spec.loader.exec_module(module)
+    return module

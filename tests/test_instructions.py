@@ -1,7 +1,6 @@
 """The instructions task: each constraint's check, the parser of every phrasing, the guard, the
 reward by name, and the prompt generator (scripts/make_instruction_prompts.py)."""
 
-import importlib.util
 import itertools
 import json
 import re
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import load_script
 from rlhfkit import tasks
 from rlhfkit.data import PromptRecord, load_records
 from rlhfkit.experience.scorer_loading import build_scorer, reward_function_scorer
@@ -43,14 +43,6 @@ CHAT = (
     "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face\nuser\n"
     "{}\nassistant\n"
 )
-
-
-def load_script(path: Path):
-    """A script of scripts/ as a module."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

@@ -3,17 +3,16 @@ bundled data, checked with an arithmetic of the test's own, and the rewards of
 ``rlhfkit.tasks.math_problems``."""
 
 import ast
-import importlib.util
 import json
 import operator
 import re
-import sys
 import threading
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 
+from helpers import load_script
 from rlhfkit.tasks.math_problems import (
     check_math_prompt,
     final_answer_text,
@@ -25,15 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "make_math_problems.py"
 BUNDLED = ROOT / "src" / "rlhfkit" / "assets" / "data" / "math"
 SPLITS = ("train", "validation", "test")
-
-
-def load_script(path: Path):
-    """A script of scripts/ as a module."""
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # where its dataclasses look their annotations up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
