@@ -83,6 +83,12 @@ def _cell(value: Any) -> str:
     return markdown_cell(str(value))
 
 
+def results_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The results table of an evaluation: ``TABLE_COLUMNS``, those its rows have (IFEval's
+    figures only where the prompts carry IFEval's columns)."""
+    return format_table(rows, [c for c in TABLE_COLUMNS if any(c in r for r in rows)])
+
+
 def format_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     """Rows as a markdown table (floats to 3 decimals, '-' for a missing value)."""
     columns = list(columns or rows[0].keys())
@@ -298,7 +304,7 @@ def _results_lines(result: Mapping[str, Any], title: str) -> list[str]:
         "",
         "## Results",
         "",
-        format_table(rows, [c for c in TABLE_COLUMNS if any(c in r for r in rows)]),
+        results_table(rows),
         "",
         "`gold`: the gold judge's mean score (it stands for the human; training never sees it). "
         "`reward`: the reward model's mean score (the proxy). `kl`: KL to the SFT model in nats, "

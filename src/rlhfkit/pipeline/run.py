@@ -39,9 +39,8 @@ from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import load_config
 from rlhfkit.evaluation.evaluate import EvalConfig, evaluate
 from rlhfkit.evaluation.report import (
-    TABLE_COLUMNS,
-    format_table,
     load_eval,
+    results_table,
     reward_model_lines,
     write_report,
 )
@@ -230,7 +229,7 @@ def _write_report(config: PipelineConfig, stages: Stages, timings: dict, started
     logger.info(
         "pipeline finished in %.1f s; results on held-out prompts:\n%s\nreport: %s",
         time.perf_counter() - started,
-        format_table(result["rows"], TABLE_COLUMNS),
+        results_table(result["rows"]),
         report.resolve(),
     )
     return report
@@ -249,7 +248,7 @@ def run_eval(config: EvalConfig) -> Path:
     the results are."""
     rows = evaluate(config)
     if rows:
-        logger.info("results on held-out prompts:\n%s", format_table(rows, TABLE_COLUMNS))
+        logger.info("results on held-out prompts:\n%s", results_table(rows))
     accuracy = load_eval(config.output).get("reward_model")
     if accuracy:
         lines = "\n".join(reward_model_lines(accuracy, parts=False))
