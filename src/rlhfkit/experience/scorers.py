@@ -233,27 +233,32 @@ class FunctionScorer(Scorer):
         parameters = _parameters(fn) or {}
         self._takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
         self._names = frozenset(parameters)
+        self._needed = needed_columns(fn)
 
     def columns_needed(self) -> dict[str, list[str]]:
-        needed = needed_columns(self.fn)
-        return {self.name: needed} if needed else {}
+        return {self.name: self._needed} if self._needed else {}
 
     def score(self, batch: ScoreInput) -> torch.Tensor:
-        arguments = self._arguments(batch)
         try:
-            values = self.fn(**arguments) if self.trl_style else self.fn(*arguments.values())
+            values = self._call(batch)
+        except ScoreError:
+            raise
         except Exception as error:
             raise self._blame(batch, error) from error
         return self._check(values, batch).to(batch.response.device)
 
-    def _arguments(self, batch: ScoreInput) -> dict[str, Any]:
-        """What ``fn`` is called with on ``batch``, by name (in order for rlhfkit's way)."""
+    def _call(self, batch: ScoreInput) -> object:
+        """``fn`` on ``batch``, called the way its signature asks for."""
         if not self.trl_style:
-            return {"prompts": batch.prompts, "responses": batch.responses}
+            return self.fn(batch.prompts, batch.responses)
+        return self.fn(**self._arguments(batch))
+
+    def _arguments(self, batch: ScoreInput) -> dict[str, Any]:
+        """The keyword arguments of a function written TRL's way on ``batch``."""
         given = batch.prompt_columns
         prompts = given.prompts if given is not None else batch.prompts
         columns = given.columns if given is not None else {}
-        missing = [name for name in needed_columns(self.fn) if name not in columns]
+        missing = [name for name in self._needed if name not in columns]
         if missing:
             where = "the data has no such column" if given else "these prompts came without data"
             raise ScoreError(
@@ -303,9 +308,8 @@ class FunctionScorer(Scorer):
     def _blame(self, batch: ScoreInput, error: Exception) -> ScoreError:
         """Re-run the samples one by one to name the first that makes ``fn`` raise."""
         for i in range(len(batch.prompts)):
-            arguments = self._arguments(batch.row(i))
             try:
-                self.fn(**arguments) if self.trl_style else self.fn(*arguments.values())
+                self._call(batch.row(i))
             except Exception as single_error:
                 return ScoreError(
                     f"{self.name} raised {type(single_error).__name__}: {single_error} on "
