@@ -15,48 +15,21 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from rlhfkit.config import (
-    DEMO_DATA,
-    EvalPromptOptions,
-    LoRAOptions,
-    ReferenceOptions,
-    SamplingOptions,
-    ScorerOptions,
-    TrainConfig,
-    require,
-)
+from rlhfkit.config import require
 from rlhfkit.experience.rewards import ScoreOptions
 from rlhfkit.experience.rollout import RolloutSettings
 from rlhfkit.trainers.ppo_update import PolicyLossSettings
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 @dataclass
-class GRPOConfig(
-    EvalPromptOptions, SamplingOptions, ScorerOptions, ReferenceOptions, LoRAOptions, TrainConfig
-):
+class GRPOConfig(RLConfig):
     """Critic-free RL with group baselines: GRPO (Shao et al. 2024) or RLOO (Ahmadian et al.
     2024), and REINFORCE++ (Hu 2025): `batch_size` prompts per micro-batch, each answered
     `num_generations` times; by default one optimiser step per sampled batch."""
 
-    model: str = "runs/sft/final"
-    """Policy to start from (the SFT model); also the frozen reference of the KL term unless
-    `reference` names another."""
     output_dir: str = "runs/grpo"
     """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
-    learning_rate: float = 1e-5
-    """Peak learning rate of AdamW (reached after warmup)."""
-    lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
-    """Learning-rate decay after warmup: linear to 0, cosine to 0, or constant."""
-    log_every: int = 1
-    """Log training metrics every this many optimiser steps."""
-    train_data: str = f"{DEMO_DATA}/prompts"
-    """Prompts (any record kind with a prompt): .jsonl/.json/.parquet, dataset dir or hub name."""
-    train_split: str = "train"
-    """Split to read from `train_data` when it is a dataset with splits."""
-    max_train_samples: int | None = None
-    """Use only the first this many training prompts; None uses all."""
-    max_prompt_length: int = 128
-    """Prompts longer than this many tokens keep their last tokens."""
     advantage: Literal["grpo", "rloo", "reinforce++"] = "grpo"
     """Baseline: 'grpo' = (score - group mean) [/ group std]; 'rloo' = leave-one-out;
     'reinforce++' = no group: each token's return (KL penalty per token, as PPO) whitened over
@@ -83,13 +56,6 @@ class GRPOConfig(
     """Optimiser steps per pass over an iteration's responses: each iteration samples this
     many steps' worth of micro-batches at once, and the later steps learn from responses of
     an older policy (the clip acts)."""
-    clip_range: float = 0.2
-    """Policy ratio clip range epsilon of the clipped objective (below 1, and above unless
-    `clip_range_high` is set)."""
-    clip_range_high: float | None = None
-    """Upper clip range: the ratio is clipped to [1 - clip_range, 1 + clip_range_high]
-    (DAPO's clip-higher, e.g. 0.28 with clip_range 0.2); None = clip_range. Acts only with
-    num_iterations or steps_per_generation above 1."""
     importance_sampling_level: Literal["token", "sequence"] = "token"
     """The ratio pi / pi_old of the clipped objective: each token's own ('token') or one per
     response, the geometric mean of its tokens' ratios, clipped as a whole ('sequence': GSPO,
@@ -110,29 +76,11 @@ class GRPOConfig(
     (DAPO's overlong filtering): a cut-off answer is neither rewarded nor punished for where
     it was cut. Their scores still count in their group's baseline; missing_eos_penalty
     lowers their score instead."""
-    disable_dropout: bool = True
-    """Turn dropout off, so sampling and the update see the same policy (ratio exactly 1)."""
-    sample_every: int = 10
-    """Log sample texts (prompt, response, score, advantage) every this many steps."""
-    num_samples: int = 4
-    """Samples logged each time."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_lora()
-        self._check_sampling()
-        self._check_scorers()
-        require(self, "train_data", bool(self.train_data), "a data file, directory or hub name")
-        for name in ("max_prompt_length", "sample_every", "num_samples"):
-            require(self, name, getattr(self, name) >= 1, "an integer >= 1")
-        self._check_eval_prompts()
-        limit = self.max_train_samples
-        require(self, "max_train_samples", limit is None or limit >= 1, "None or an integer >= 1")
         require(self, "num_generations", self.num_generations >= 2, "an integer >= 2")
         require(self, "beta", 0 <= self.beta < math.inf, "a number >= 0")
-        require(self, "clip_range", 0 < self.clip_range < math.inf, "a number > 0")
-        high = self.clip_range_high
-        require(self, "clip_range_high", high is None or 0 < high < math.inf, "None or > 0")
         for name in ("num_iterations", "steps_per_generation"):
             require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         require(
@@ -142,7 +90,6 @@ class GRPOConfig(
             "'token' with advantage 'reinforce++' (its advantages differ from token to token; "
             "a ratio per response needs one advantage per response)",
         )
-        self._check_reference()
 
     @property
     def kl_in_rewards(self) -> bool:

@@ -18,54 +18,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from rlhfkit.config import (
-    DEMO_DATA,
-    EvalPromptOptions,
-    LoRAOptions,
-    ReferenceOptions,
-    SamplingOptions,
-    ScorerOptions,
-    TrainConfig,
-    require,
-)
+from rlhfkit.config import require
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.rewards import ScoreOptions
 from rlhfkit.experience.rollout import RolloutSettings
 from rlhfkit.models.loading import same_tokenizer, saved_tokenizer
 from rlhfkit.trainers.ppo_update import PolicyLossSettings
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 @dataclass
-class PPOConfig(
-    EvalPromptOptions, SamplingOptions, ScorerOptions, ReferenceOptions, LoRAOptions, TrainConfig
-):
+class PPOConfig(RLConfig):
     """PPO against a reward model and/or Python reward functions (InstructGPT step 3)."""
 
-    model: str = "runs/sft/final"
-    """Policy to start from (the SFT model); also the frozen reference of the KL penalty
-    unless `reference` names another."""
     output_dir: str = "runs/ppo"
     """Directory for checkpoints, metrics, samples, TensorBoard events and `final/`."""
-    learning_rate: float = 1e-5
-    """Peak learning rate of AdamW for the policy, and for the critic unless
-    `critic_learning_rate` is set."""
-    lr_scheduler: Literal["linear", "cosine", "constant"] = "linear"
-    """Learning-rate decay over all optimiser steps of the run."""
     batch_size: int = 8
     """Sequences per forward/backward micro-batch in the update, on each process."""
-    log_every: int = 1
-    """Log metrics every this many PPO iterations."""
     eval_every: int = 0
     """Evaluate on `eval_data` (score, KL to the reference, length) every this many PPO
     iterations; 0 only at the end."""
     save_every: int = 0
     """Write a checkpoint every this many PPO iterations; 0 only at the end."""
-    train_data: str = f"{DEMO_DATA}/prompts"
-    """Prompts (any record kind with a prompt): .jsonl/.json/.parquet, dataset dir or hub name."""
-    train_split: str = "train"
-    """Split to read from `train_data` when it is a dataset with splits."""
-    max_prompt_length: int = 128
-    """Prompts longer than this many tokens keep their last tokens."""
     max_steps: int | None = None
     """PPO iterations to run (a step of the loop is one rollout and its update); None runs
     `num_epochs` passes over the prompts."""
@@ -116,11 +90,6 @@ class PPOConfig(
     critic's value of the prompt, as the baseline of each token's return to the end of the
     response (the KL penalty included; lambda 1): a sequence-level actor-critic whose critic
     learns only that one value."""
-    clip_range: float = 0.2
-    """Policy ratio clip range epsilon."""
-    clip_range_high: float | None = None
-    """Upper clip range: the ratio is clipped to [1 - clip_range, 1 + clip_range_high]
-    (DAPO's clip-higher, e.g. 0.28 with clip_range 0.2); None = clip_range."""
     clip_range_value: float | None = 0.2
     """Value clip range around the rollout values; None = unclipped value loss."""
     vf_coef: float = 0.1
@@ -135,8 +104,6 @@ class PPOConfig(
     """Demonstrations or pretraining text (prompt/response records) for the ptx term."""
     ptx_max_length: int = 256
     """Token budget of each ptx example."""
-    disable_dropout: bool = True
-    """Turn dropout off in every model, so the importance ratio starts at exactly 1 (as TRL)."""
     forward_batch_size: int | None = None
     """Rows per no-grad forward pass in the rollout; None = the whole rollout batch."""
     parallel_critic: bool | None = None
@@ -145,26 +112,10 @@ class PPOConfig(
     rollout the policy and critic passes beside the reference pass and the scorer (with LoRA
     the reference a view of the policy's base weights). Faster for small models. None: on
     CPU, not on GPU. Always off with several processes."""
-    sample_every: int = 10
-    """Log sample texts (prompt, response, score) every this many iterations."""
-    num_samples: int = 4
-    """Samples logged each time."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self._check_lora()
-        self._check_sampling()
-        self._check_scorers()
-        self._check_eval_prompts()
-        self._check_reference()
-        positive = (
-            "max_prompt_length",
-            "rollout_batch_size",
-            "ppo_epochs",
-            "kl_horizon",
-            "ptx_max_length",
-            "sample_every",
-        )
+        positive = ("rollout_batch_size", "ppo_epochs", "kl_horizon", "ptx_max_length")
         for name in positive:
             require(self, name, getattr(self, name) >= 1, "an integer >= 1")
         require(
@@ -194,9 +145,6 @@ class PPOConfig(
         require(self, "kl_target", self.kl_target > 0, "a number > 0")
         require(self, "gamma", 0 <= self.gamma <= 1, "a number in [0, 1]")
         require(self, "lam", 0 <= self.lam <= 1, "a number in [0, 1]")
-        require(self, "clip_range", self.clip_range > 0, "a number > 0")
-        high = self.clip_range_high
-        require(self, "clip_range_high", high is None or high > 0, "None or a number > 0")
         value_clip = self.clip_range_value
         require(self, "clip_range_value", value_clip is None or value_clip > 0, "None or > 0")
         for name in ("vf_coef", "entropy_coef", "ptx_coef"):

@@ -13,11 +13,11 @@ from typing import Any
 
 from rlhfkit.data import PromptExample, load_prompts
 from rlhfkit.experience.scorer_loading import reward_data_check
+from rlhfkit.trainers.rl_config import RLConfig
 
 
-def load_rl_prompts(config: Any, tokenizer: Any) -> tuple[list[PromptExample], list[PromptExample]]:
-    """The training prompts (the first ``max_train_samples`` where the stage has that limit)
-    and the held-out ones (the first ``max_eval_samples`` of ``eval_data``; none without it),
+def load_rl_prompts(config: RLConfig, tokenizer: Any) -> tuple[list[PromptExample], list[PromptExample]]:
+    """The training prompts (the first ``max_train_samples``) and the held-out ones (the first ``max_eval_samples`` of ``eval_data``; none without it),
     each with its token ids cut to ``max_prompt_length``, in the chat template if asked, and
     its row's columns, checked against what the reward functions need of them."""
     read = {
@@ -25,8 +25,8 @@ def load_rl_prompts(config: Any, tokenizer: Any) -> tuple[list[PromptExample], l
         "max_prompt_length": config.max_prompt_length,
         "chat_template": config.chat_template,
     }
-    limit = getattr(config, "max_train_samples", None)
     check = reward_data_check(config.reward_functions)
+    limit = config.max_train_samples
     prompts = load_prompts(config.train_data, config.train_split, limit=limit, check=check, **read)
     eval_prompts: list[PromptExample] = []
     if config.eval_data:
