@@ -23,8 +23,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from helpers import build_tiny_tokenizer, tiny_lm  # noqa: E402
 
 # The test models are tiny: a second thread costs more in synchronisation than it saves, and on
-# a busy machine it makes each forward many times slower (figures in docs/ppo.md, "Measured
-# before 2026-11-24 on the 2-core CPU development machine").
+# a busy machine it makes each forward many times slower (figures in docs/results/ppo.md,
+# "One torch thread for the test suite").
 torch.set_num_threads(1)
 
 

@@ -30,7 +30,7 @@ from rlhfkit.experience.scorers import Scorer
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 TINY_VOCAB_SIZE = 400
-TINY_PIPELINE_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo_tiny.yaml"
+TINY_PIPELINE_CONFIG = Path(__file__).resolve().parent / "pipeline_tiny.yaml"
 
 SUBJECTS = ["the cat", "a dog", "my friend", "the teacher", "a small bird", "the robot", "we"]
 VERBS = ["likes", "sees", "finds", "makes", "wants", "reads", "paints", "helps"]
@@ -128,7 +128,7 @@ def write_pipeline_data(root) -> None:
 
 
 def tiny_pipeline_config(run_dir, data, model, **fields):
-    """configs/demo_tiny.yaml (a few steps a stage) on ``data`` (``write_pipeline_data``) and
+    """tests/pipeline_tiny.yaml (a few steps a stage) on ``data`` (``write_pipeline_data``) and
     the tiny ``model``, into ``run_dir``, with ``fields`` set."""
     from rlhfkit.config import load_config
     from rlhfkit.pipeline.config import PipelineConfig

@@ -1,4 +1,4 @@
-"""The whole pipeline end to end on a tiny model and tiny data (configs/demo_tiny.yaml), and
+"""The whole pipeline end to end on a tiny model and tiny data (tests/pipeline_tiny.yaml), and
 its restart behaviour: finished stages are skipped, an interrupted one resumes."""
 
 import json

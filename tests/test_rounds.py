@@ -37,7 +37,7 @@ from rlhfkit.pipeline.run import run_pipeline
 from rlhfkit.tracking import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_CONFIG = ROOT / "configs" / "demo_tiny.yaml"
+TINY_CONFIG = ROOT / "tests" / "pipeline_tiny.yaml"
 PROMPTS_PER_ROUND = 8
 
 

@@ -341,7 +341,7 @@ class DataOptions:
     same numbers up to float rounding, without the padding's compute. Off by default, as in
     TRL, so that a run's figures stay those of the padded passes; on, it saves what a batch
     pads (a quarter of the reward model's positions on the instructions task, timings in
-    docs/instructions.md). Models other than GPT-2, Llama and Qwen2 with eager or SDPA
+    docs/results/instructions.md). Models other than GPT-2, Llama and Qwen2 with eager or SDPA
     attention stay padded."""
 
     def _check_data(self) -> None:

@@ -12,7 +12,7 @@ renders them, once, at start); `--quota N` gives each labeller at most N tasks t
 Serving a SQLite file needs no ML library: this module, the app and the store import neither
 torch nor pandas, pyarrow or transformers, and `rlhfkit label serve` parses its options
 without them (the command is `light` in `cli.COMMANDS`), so the server starts at once and
-stays small (docs/labelling.md has the measurements). For the same reason the checks below
+stays small (docs/results/labelling.md has the measurements). For the same reason the checks below
 raise `UsageError` rather than `config.ConfigError`, with the same message.
 
 This module is a command's front end, so it prints the URL and the tokens; the app logs.

@@ -220,8 +220,8 @@ def _block_entropy(block: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     logp = torch.log_softmax(block, dim=-1, dtype=dtype)  # (b, t, V)
     # A filtered token has p = 0 and log p = -inf, and 0 * -inf is NaN: clamp log p to the
     # most negative finite float first (0 * that = 0, and clamp's gradient there is 0). One
-    # pass instead of isfinite + where: faster, same result (timings: docs/ppo.md, "Measured
-    # before 2026-11-24 on the 2-core CPU development machine").
+    # pass instead of isfinite + where: faster, same result (timings: docs/results/ppo.md,
+    # "Table GELU and blocked log-softmax").
     return -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum(dim=-1)
 
 

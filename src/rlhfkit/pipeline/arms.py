@@ -4,7 +4,7 @@ DPO and the GRPO arm need nothing but the SFT model (and DPO the comparisons), s
 train while the reward model and PPO do. With ``parallel_arms`` each starts in a process of
 its own once ``sft/final`` is saved, and the pipeline waits for both after PPO. A small model
 leaves one GPU mostly idle: its steps are bound by the launches of many small kernels, so
-processes side by side each lose far less speed than the overlap saves (docs/instructions.md
+processes side by side each lose far less speed than the overlap saves (docs/results/gpu.md
 has the measurement). On a CPU they share its cores, and gain nothing.
 
 Each arm process runs the pipeline's own stage runner (``runners.RUNNERS``) on the pipeline's

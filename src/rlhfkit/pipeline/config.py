@@ -61,7 +61,7 @@ class PipelineConfig:
     """Train DPO and the GRPO arm, which need only the SFT model, each in a process of its own
     beside the reward model and PPO, from the moment the SFT model is saved; the pipeline
     waits for them after PPO (before any round >= 2). For one GPU and a small model, whose
-    stages leave the device mostly idle (docs/instructions.md); on a CPU they share its
+    stages leave the device mostly idle (docs/results/gpu.md); on a CPU they share its
     cores. Logs: `arms/<stage>.log` of the run. Not under a launcher of several processes
     (torchrun, accelerate launch)."""
     keep_checkpoints: bool = False

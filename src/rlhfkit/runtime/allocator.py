@@ -14,8 +14,8 @@ process's peak memory is unchanged; what it holds after a peak is not given back
 or ``tcmalloc``, with their PyTorch settings, do the same, but must be preloaded.
 
 On ``benchmarks/bench_ppo.py``'s workload a policy update step then takes no page faults, and
-both the step and the whole iteration are faster (fault counts and timings: docs/ppo.md, "Speed
-on a CPU" and "Measured before 2026-11-24 on the 2-core CPU development machine").
+both the step and the whole iteration are faster (how: docs/ppo.md, "Speed on a
+CPU"; fault counts and timings: docs/results/ppo.md).
 ``tests/test_allocator.py`` shows the faults going away on a plain GPT-2 training step.
 
 Every trainer calls it with its device. A user's own malloc settings (``GLIBC_TUNABLES``
@@ -37,7 +37,7 @@ each saves and costs: docs/ppo.md, "Peak memory". A user's own
 
 ``release_freed_memory`` gives back what a finished stage held: the pipeline calls it after
 each stage, so that the next one's models do not come on top of the blocks the last one freed
-but kept, and the pipeline's peak is about its largest stage's (docs/instructions.md).
+but kept, and the pipeline's peak is about its largest stage's (docs/results/instructions.md).
 """
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def frozen_weights_cast_once(model: nn.Module) -> Iterator[None]:
     Autocast keeps its cast of a weight that takes gradients for the whole autocast region,
     but casts a frozen one again at every call: in a decode loop, a LoRA model's base
     weights, a tied LM head or a reference model are copied into bf16 once per token
-    (docs/instructions.md, "Two fixes"). Weights that take gradients are left to autocast;
+    (timings: docs/results/instructions.md, "Two fixes"). Weights that take gradients are left to autocast;
     a sharded model is left alone (its weights are gathered per pass)."""
     first = next(model.parameters(), None)
     device = first.device.type if first is not None else "cpu"

@@ -165,7 +165,7 @@ def training_kernel(kernel: str, query: torch.Tensor, width: int) -> str:
 
     torch's CPU flash attention, which SDPA runs there, is fast forward and slow backward at
     these widths: its backward alone takes longer than the eager kernel's forward and
-    backward together (timings: docs/instructions.md, "A third fix"). The eager kernel keeps
+    backward together (timings: docs/results/instructions.md, "A third fix"). The eager kernel keeps
     the (B, heads, W, W) probabilities for the backward, which is small at these widths. The
     no-grad passes and generation keep SDPA, as do float32 and wider rows, where flash
     attention is the faster."""

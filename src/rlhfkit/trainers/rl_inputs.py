@@ -16,7 +16,9 @@ from rlhfkit.experience.scorer_loading import reward_data_check
 from rlhfkit.trainers.rl_config import RLConfig
 
 
-def load_rl_prompts(config: RLConfig, tokenizer: Any) -> tuple[list[PromptExample], list[PromptExample]]:
+def load_rl_prompts(
+    config: RLConfig, tokenizer: Any
+) -> tuple[list[PromptExample], list[PromptExample]]:
     """The training prompts (the first ``max_train_samples``) and the held-out ones (the first ``max_eval_samples`` of ``eval_data``; none without it),
     each with its token ids cut to ``max_prompt_length``, in the chat template if asked, and
     its row's columns, checked against what the reward functions need of them."""
