@@ -28,6 +28,15 @@ from helpers import build_tiny_tokenizer, tiny_lm  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Every test starts on one intra-op thread, whatever the one before it left."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip the tests marked ``cuda`` where there is no CUDA device."""
     if torch.cuda.is_available():

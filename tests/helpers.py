@@ -106,10 +106,11 @@ def tiny_llama(tokenizer, seed: int = 0) -> LlamaForCausalLM:
     return LlamaForCausalLM(config)
 
 
-def write_jsonl(path, rows: list[dict]) -> None:
-    """``rows`` as JSON lines at ``path``, its directory made if needed."""
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    """``rows`` as JSON lines at ``path``, its directory made if needed; returns ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
 
 
 def write_pipeline_data(root) -> None:

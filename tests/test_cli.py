@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from helpers import write_jsonl
 from rlhfkit.cli import COMMANDS, main, parse_command
 from rlhfkit.config import ConfigError, RewardConfig, check_section_keys
 from rlhfkit.models.loading import RewardModel
@@ -49,11 +50,6 @@ def test_unknown_command_fails(capsys):
     assert "invalid choice: 'sftt'" in capsys.readouterr().err
 
 
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 def _cli(*args, cwd):
     env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(
@@ -72,7 +68,7 @@ def test_sft_and_rm_commands_train_and_save(tiny_model_dir, tmp_path):
     ]
     sft_yaml = tmp_path / "sft.yaml"
     sft_yaml.write_text(
-        f"model: {tiny_model_dir}\ntrain_data: {_write_jsonl(tmp_path / 'd.jsonl', demos)}\n"
+        f"model: {tiny_model_dir}\ntrain_data: {write_jsonl(tmp_path / 'd.jsonl', demos)}\n"
         "eval_data: null\nbatch_size: 4\nmax_length: 32\n"
     )
     out = _cli(
@@ -86,7 +82,7 @@ def test_sft_and_rm_commands_train_and_save(tiny_model_dir, tmp_path):
     # The reward model starts from the SFT model, as in InstructGPT; with the memory bound.
     out = _cli(
         "--bounded-memory", "rm", "--model", str(final), "--output_dir", "runs/rm", "--max_steps", "2",
-        "--train_data", _write_jsonl(tmp_path / "c.jsonl", pairs), "--eval_data", "null",
+        "--train_data", write_jsonl(tmp_path / "c.jsonl", pairs), "--eval_data", "null",
         "--batch_size", "4", "--max_length", "32", "--cpu", "true", cwd=tmp_path,
     )  # fmt: skip
     rm_final = tmp_path / "runs" / "rm" / "final"
@@ -192,7 +188,7 @@ def test_a_former_name_in_a_config_file_is_refused_naming_the_file(capsys, tmp_p
 
 
 def test_the_rm_command_keeps_its_best_evaluation_as_final(tiny_model_dir, tmp_path):
-    pairs = _write_jsonl(
+    pairs = write_jsonl(
         tmp_path / "c.jsonl",
         [{"prompt": f"Q: {i}?", "chosen": f" {i + 1}", "rejected": f" {i + 2}"} for i in range(12)],
     )

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer
 
+from helpers import write_jsonl
 from rlhfkit.data import (
     IGNORE_INDEX,
     Candidates,
@@ -60,11 +61,6 @@ def columns(rows):
 
 def table(rows):
     return pa.table(columns(rows))
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def write(tmp_path, fmt, rows):

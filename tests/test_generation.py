@@ -358,13 +358,3 @@ def test_sampling_follows_the_distribution():
     counts = torch.bincount(sample_next_token(logits, SamplingConfig(), g), minlength=4)
     assert counts[1] == 0  # zero probability is never drawn
     assert torch.allclose(counts / 20000, probs, atol=0.015)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a busy machine two OpenMP threads
-    spin on each other (10-100x slower); restore the session's setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

@@ -8,6 +8,7 @@ import uuid
 import pytest
 from starlette.testclient import TestClient
 
+from helpers import write_jsonl
 from rlhfkit.cli import main
 from rlhfkit.data import PromptRecord, encode_prompts, load_records
 from rlhfkit.errors import UsageError
@@ -474,9 +475,6 @@ def test_oversized_bodies_are_refused(client):
 
 
 # -------------------------------------------------------------- prepare and export (CLI)
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
 
 
 def test_prepare_from_a_file_then_export(tmp_path, capsys):
@@ -484,7 +482,7 @@ def test_prepare_from_a_file_then_export(tmp_path, capsys):
         {"prompt": "a", "responses": ["x", "y"]},
         {"prompt": [{"role": "user", "content": "b"}], "responses": ["1", "2", "3"]},
     ]
-    source = write_jsonl(tmp_path / "r.jsonl", rows)
+    source = str(write_jsonl(tmp_path / "r.jsonl", rows))
     db = str(tmp_path / "l.db")
     assert main(["label", "prepare", "--db", db, "--responses", source]) == 0
     assert main(["label", "prepare", "--db", db, "--responses", source]) == 0  # adds nothing
@@ -503,7 +501,7 @@ def test_prepare_from_a_file_then_export(tmp_path, capsys):
 
 
 def test_export_formats_from_the_command_line(tmp_path, capsys):
-    source = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "a", "responses": ["x", "y"]}])
+    source = str(write_jsonl(tmp_path / "r.jsonl", [{"prompt": "a", "responses": ["x", "y"]}]))
     db = str(tmp_path / "l.db")
     assert main(["label", "prepare", "--db", db, "--responses", source]) == 0
     store = Store(db)
@@ -537,7 +535,7 @@ def test_prepare_leaves_out_a_record_with_two_identical_responses(tmp_path, capl
                 "--db",
                 str(db),
                 "--responses",
-                write_jsonl(tmp_path / "r.jsonl", rows),
+                str(write_jsonl(tmp_path / "r.jsonl", rows)),
             ]
         )
         == 0
@@ -566,7 +564,9 @@ def test_prepare_leaves_out_a_record_with_two_identical_responses(tmp_path, capl
     ],
 )
 def test_prepare_names_file_line_and_field_of_bad_input(tmp_path, capsys, row, problem):
-    source = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok", "responses": ["a", "b"]}, row])
+    source = str(
+        write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok", "responses": ["a", "b"]}, row])
+    )
     db = tmp_path / "l.db"
     assert main(["label", "prepare", "--db", str(db), "--responses", source]) == 2
     err = capsys.readouterr().err
@@ -596,9 +596,8 @@ def test_prepare_refuses_bad_settings(tmp_path, capsys):
 
 
 def test_prepare_samples_from_models_end_to_end(tiny_model_dir, tmp_path, monkeypatch):
-    prompts = write_jsonl(
-        tmp_path / "p.jsonl", [{"prompt": p} for p in ("The cat", "A dog", "My friend")]
-    )
+    rows = [{"prompt": p} for p in ("The cat", "A dog", "My friend")]
+    prompts = str(write_jsonl(tmp_path / "p.jsonl", rows))
     db = tmp_path / "l.db"
     args = ["label", "prepare", "--db", str(db), "--prompts", prompts, "--k", "3"]
     args += ["--models", f"[{tiny_model_dir}, {tiny_model_dir}]", "--max_new_tokens", "8"]

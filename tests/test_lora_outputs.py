@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from helpers import build_tiny_tokenizer, tiny_corpus, tiny_lm
+from helpers import build_tiny_tokenizer, tiny_corpus, tiny_lm, write_jsonl
 
 pytestmark = pytest.mark.slow  # a PPO run, then eval, sample, chat and DPO: 40 s or more
 
@@ -49,11 +49,6 @@ def _cli(*args, cwd):
     return _finish(_start(*args, cwd=cwd))
 
 
-def _write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
 @pytest.fixture(scope="module")
 def pad_is_eos_model_dir(tmp_path_factory):
     """The tiny GPT-2 saved with a tokenizer whose pad is its EOS, and exactly one embedding
@@ -75,9 +70,9 @@ def pad_is_eos_model_dir(tmp_path_factory):
 def work_dir(tmp_path_factory):
     """Where the commands run: prompts and comparisons, and every run's directory."""
     path = tmp_path_factory.mktemp("lora_outputs")
-    _write_jsonl(path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
+    write_jsonl(path / "prompts.jsonl", [{"prompt": p} for p in PROMPTS])
     pairs = [{"prompt": p, "chosen": " a good book.", "rejected": " it."} for p in PROMPTS[:4]]
-    _write_jsonl(path / "pairs.jsonl", pairs)
+    write_jsonl(path / "pairs.jsonl", pairs)
     return path
 
 

@@ -518,16 +518,6 @@ def test_critic_warmup_trains_the_critic_alone_then_both(tiny_tokenizer, tmp_pat
     assert all("train/loss/value" in row for row in rows)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a busy machine two OpenMP threads
-    spin on each other (10-100x slower steps); restore the session's setting afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_a_named_reference_measures_the_kl_from_the_first_step(
     tiny_tokenizer, tiny_model_dir, tmp_path
 ):
