@@ -209,7 +209,7 @@ def worker(out: Path, profile_step: int, argv: list[str]) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    import rlhfkit.trainers.ppo
+    import rlhfkit.trainers.rl
     import rlhfkit.trainers.sft  # noqa: F401  (imported before the baseline is read)
     from rlhfkit import cli
     from rlhfkit.trainers.loop import Trainer
@@ -250,7 +250,7 @@ def worker(out: Path, profile_step: int, argv: list[str]) -> int:
 
         return step
 
-    for cls in (Trainer, rlhfkit.trainers.ppo.PPOTrainer):
+    for cls in (Trainer, rlhfkit.trainers.rl.RLTrainer):
         if "train_step" in vars(cls):
             cls.train_step = timed_step(vars(cls)["train_step"])
     code = cli.main(argv)

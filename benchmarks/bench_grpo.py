@@ -5,10 +5,11 @@ Workload (the settings of ``benchmarks/trl/trl_grpo_bench.py --reward digits``):
 layers, 4 heads, width 256, 256 positions, a 4096-token vocabulary (dropout 0); one iteration
 = 8 prompts x 4 generations x at most 32 new tokens at temperature 1, scored by the
 digit reward of ``benchmarks/trl/trl_common.py`` (min(#digits, 8) / 8), then ONE optimiser step over the 32 completions; k3 KL
-term with beta 0.04 against a frozen reference copy; lr 5e-5 constant; 30 iterations.
+term with kl_coef 0.04 (TRL's beta) against a frozen reference copy; lr 5e-5 constant; 30 iterations.
 
-rlhfkit runs ``GRPOTrainer`` (``--algo grpo`` or ``rloo``) in fp32, and with ``--bf16`` also
-in bf16 autocast (fp32 master weights), reporting how far its reward curve drifts. With
+rlhfkit runs ``RLTrainer`` (the ``--algo grpo`` or ``rloo`` preset) in fp32, and with
+``--bf16`` also in bf16 autocast (fp32 master weights), reporting how far its reward curve
+drifts. With
 ``--trl-python`` (an interpreter with TRL 1.16) each round also runs
 ``benchmarks/trl/trl_grpo_bench.py`` on the very same model and prompts (its untimed before/after eval needs
 a reward model: ``reward_model/`` from the assets, else an untrained one of the same shape).
@@ -63,23 +64,25 @@ def child(prepared: dict, out: Path, mode: str, steps: int, threads: int) -> dic
     from rlhfkit.data import load_prompts
     from rlhfkit.experience.scorers import FunctionScorer
     from rlhfkit.models.loading import load_causal_lm, load_tokenizer
-    from rlhfkit.trainers.grpo import GRPOTrainer
-    from rlhfkit.trainers.grpo_config import GRPOConfig
+    from rlhfkit.trainers.rl import RLTrainer
+    from rlhfkit.trainers.rl_config import RLConfig
 
     machine = MachineLoad()
-    config = GRPOConfig(
+    config = RLConfig.preset(
+        mode.split("+")[0],  # the grpo or rloo preset: KL in the loss, no critic
         model=prepared["model"], output_dir=str(out), train_data=prepared["prompts"],
-        reward_functions=["bench_grpo:digit_reward"], advantage=mode.split("+")[0],
-        batch_size=PROMPTS, num_generations=GENERATIONS, max_new_tokens=NEW_TOKENS,
-        max_steps=steps, learning_rate=LR, beta=BETA, lr_scheduler="constant",
-        max_grad_norm=1.0, log_every=1, sample_every=steps, cpu=True, seed=42, resume=False,
+        reward_functions=["bench_grpo:digit_reward"], rollout_batch_size=PROMPTS,
+        num_generations=GENERATIONS, batch_size=PROMPTS * GENERATIONS,  # one optimiser step
+        max_new_tokens=NEW_TOKENS, max_steps=steps, learning_rate=LR, kl_coef=BETA,
+        lr_scheduler="constant", max_grad_norm=1.0, log_every=1, sample_every=steps, cpu=True,
+        seed=42, resume=False,
         report_to=[], mixed_precision="bf16" if mode.endswith("+bf16") else "no",
     )  # fmt: skip
     tokenizer = load_tokenizer(config.model)
     model = load_causal_lm(config.model, tokenizer=tokenizer)
     prompts = load_prompts(config.train_data, "train", tokenizer, config.max_prompt_length, None)
     scorer = FunctionScorer(digit_reward, name="digits")
-    GRPOTrainer(config, model, tokenizer, prompts, scorer).train()
+    RLTrainer(config, model, tokenizer, prompts, scorer).train()
     rows, times = logged_steps(out / "metrics.jsonl")
     gen = [r["train/time/generate"] for r in rows]
     rewards = [r["train/score/mean"] for r in rows]

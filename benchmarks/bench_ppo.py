@@ -20,7 +20,7 @@ the command line. ``--profile`` prints torch.profiler's top operators for one it
 
 Default setting (the fastest correct one measured): bf16 autocast with fp32 master weights and
 fp32 loss math, eager attention (torch's CPU flash-attention backward is slow in bf16), fused
-AdamW and the table GELU (``ops.gelu_tanh``; both done by ``PPOTrainer``), policy and critic
+AdamW and the table GELU (``ops.gelu_tanh``; both done by ``RLTrainer``), policy and critic
 updated side by side on one core each, and the rollout's passes in two such halves
 (``--one-after-the-other`` turns both off), every pass over query + response on its real
 tokens only (``--padded`` keeps the padding). ``--bounded-memory`` measures what
@@ -59,8 +59,8 @@ from transformers import (  # noqa: E402
 from rlhfkit.experience.scorers import RewardModelScorer  # noqa: E402
 from rlhfkit.models.loading import RewardModel, ValueModel, load_causal_lm, load_tokenizer  # noqa: E402
 from rlhfkit.runtime.allocator import bound_held_memory  # noqa: E402
-from rlhfkit.trainers.ppo import PPOTrainer  # noqa: E402
-from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
+from rlhfkit.trainers.rl import RLTrainer  # noqa: E402
+from rlhfkit.trainers.rl_config import RLConfig  # noqa: E402
 
 BASE_ASSET = Path(__file__).resolve().parents[1] / "src" / "rlhfkit" / "assets" / "base"
 
@@ -159,7 +159,7 @@ def main() -> None:
         "--attn",
         choices=["eager", "sdpa"],
         default=None,
-        help="attention kernel (default: PPOConfig's choice, eager with bf16 on CPU)",
+        help="attention kernel (default: RLConfig's choice, eager with bf16 on CPU)",
     )
     ap.add_argument(
         "--one-after-the-other",
@@ -184,7 +184,8 @@ def main() -> None:
 
     what, tokenizer, policy, reference, critic, reward_model, prompt_file = load_models(args.assets)
     prompts = [tokenizer(p)["input_ids"] for p in _prompt_texts(prompt_file, 512)]
-    config = PPOConfig(
+    config = RLConfig.preset(
+        "ppo",
         model="in-memory",
         train_data="in-memory",
         output_dir=tempfile.mkdtemp(prefix="bench_ppo_"),
@@ -206,7 +207,7 @@ def main() -> None:
         parallel_critic=False if args.one_after_the_other else None,
         padding_free=not args.padded,
     )
-    trainer = PPOTrainer(
+    trainer = RLTrainer(
         config,
         policy,
         tokenizer,

@@ -73,11 +73,9 @@ from rlhfkit.models.lora import add_lora, merged_copy  # noqa: E402
 from rlhfkit.tasks import INSTRUCTIONS_DATA_DIR  # noqa: E402
 from rlhfkit.trainers.dpo import run_dpo  # noqa: E402
 from rlhfkit.trainers.dpo_config import DPOConfig  # noqa: E402
-from rlhfkit.trainers.grpo import run_grpo  # noqa: E402
-from rlhfkit.trainers.grpo_config import GRPOConfig  # noqa: E402
-from rlhfkit.trainers.ppo import run_ppo  # noqa: E402
-from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
 from rlhfkit.trainers.reward import run_reward  # noqa: E402
+from rlhfkit.trainers.rl import run_rl  # noqa: E402
+from rlhfkit.trainers.rl_config import RLConfig  # noqa: E402
 from rlhfkit.trainers.sft import run_sft  # noqa: E402
 
 PROMPTS = str(INSTRUCTIONS_DATA_DIR / "prompts")
@@ -92,8 +90,9 @@ COMMON = dict(
 
 
 def ppo(args, out: Path, lora: bool) -> None:
-    run_ppo(
-        PPOConfig(
+    run_rl(
+        RLConfig.preset(
+            "ppo",
             model=args.model,
             reward_model=args.reward_model,
             output_dir=str(out),
@@ -108,15 +107,17 @@ def ppo(args, out: Path, lora: bool) -> None:
 
 
 def grpo(args, out: Path) -> None:
-    run_grpo(
-        GRPOConfig(
+    run_rl(
+        RLConfig.preset(
+            "grpo",
             model=args.model,
             reward_model=None,
             reward_functions=["instructions"],
             output_dir=str(out),
             max_steps=args.steps,
-            batch_size=8,
+            rollout_batch_size=8,
             num_generations=4,
+            batch_size=32,  # 8 prompts x 4 responses: one optimiser step an iteration
             eval_data=None,
             lora=True,
             log_every=1,

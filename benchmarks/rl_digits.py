@@ -11,7 +11,7 @@ of 8 per iteration, a separate critic initialised from the policy with a fresh v
 GRPO, RLOO and REINFORCE++ 8 prompts x 4 responses (one optimiser step per iteration). Same
 ``max_new_tokens``, temperature 1, seed, bf16 autocast (fp32 master weights). On request (not
 in the default ``--methods``), GRPO with two passes of its update over each sampled batch
-(``grpo-2it``: ``num_iterations: 2``, so two optimiser steps per iteration and the clip acts
+(``grpo-2it``: ``ppo_epochs: 2``, so two optimiser steps per iteration and the clip acts
 from the second) and the same with DAPO's clip-higher (``grpo-2it-clip-higher``:
 ``clip_range_high: 0.28``), at the same responses per iteration and in total.
 
@@ -36,8 +36,8 @@ Defaults, tuned on seed 42 at 100 iterations (3,200 responses per method): PPO l
 three or two three" number soup and climb towards the cap of 10 at a KL of 11-34 nats
 (kl_coef 0.05, 0.1 at lr 3e-5, 0.2, 0.3: held-out distinct-2 0.42, 0.53, 0.57, 0.71 on 128
 prompts, base 0.87); kl_coef 0.5 stays fluent but gains only 3.7x; lr 1e-5 with kl_coef 0.05
-only 2.1x. GRPO, RLOO and REINFORCE++ share lr 5e-5 (constant) and beta 0.04 (configs/grpo.yaml,
-rloo.yaml); at lr 1e-4 both saturate at the cap with distinct-2 below 0.46 (512 prompts, base
+only 2.1x. GRPO, RLOO and REINFORCE++ share lr 5e-5 (constant) and kl_coef 0.04
+(configs/grpo.yaml, rloo.yaml); at lr 1e-4 both saturate at the cap with distinct-2 below 0.46 (512 prompts, base
 0.77). About 9 minutes on 2 shared cores (PPO 3 s, GRPO / RLOO 0.8 s per iteration).
 
     nice -n 5 .venv/bin/python benchmarks/rl_digits.py --out runs/rl_digits
@@ -64,16 +64,14 @@ from rlhfkit.experience.generation import SamplingConfig  # noqa: E402
 from rlhfkit.models.loading import freeze, load_causal_lm, load_tokenizer  # noqa: E402
 from rlhfkit.tasks import BASE_MODEL_DIR, demo_data  # noqa: E402
 from rlhfkit.tracking import read_jsonl  # noqa: E402
-from rlhfkit.trainers.grpo import run_grpo  # noqa: E402
-from rlhfkit.trainers.grpo_config import GRPOConfig  # noqa: E402
-from rlhfkit.trainers.ppo import run_ppo  # noqa: E402
-from rlhfkit.trainers.ppo_config import PPOConfig  # noqa: E402
+from rlhfkit.trainers.rl import run_rl  # noqa: E402
+from rlhfkit.trainers.rl_config import RLConfig  # noqa: E402
 
 REWARD = "rlhfkit.tasks:digits_reward"
 METHODS = ("ppo", "ppo-sequence", "grpo", "rloo", "reinforce++")  # the default: every estimator
 GRPO_VARIANTS = {  # GRPO's settings but these, run on request
-    "grpo-2it": {"num_iterations": 2},
-    "grpo-2it-clip-higher": {"num_iterations": 2, "clip_range_high": 0.28},
+    "grpo-2it": {"ppo_epochs": 2},
+    "grpo-2it-clip-higher": {"ppo_epochs": 2, "clip_range_high": 0.28},
 }
 CRITIC_METHODS = {"ppo": "gae", "ppo-sequence": "sequence"}  # PPO's advantage estimators
 RESPONSES_PER_ITER = 32
@@ -83,10 +81,10 @@ LAST = 5  # iterations averaged at each end of a train curve
 EVAL_SEED = 0  # the same held-out samples whatever the training seed
 
 
-def ppo_config(args, out: Path, estimator: str = "gae") -> PPOConfig:
+def ppo_config(args, out: Path, estimator: str = "gae") -> RLConfig:
     """configs/ppo.yaml's defaults, with the digits scorer and the base model."""
-    return PPOConfig(
-        advantage_estimator=estimator,
+    return RLConfig.preset(
+        "ppo", advantage_estimator=estimator,
         model=str(BASE_MODEL_DIR), reward_model=None, reward_functions=[REWARD],
         output_dir=str(out), train_data=str(demo_data("prompts")), seed=args.seed,
         max_prompt_length=PROMPT_LENGTH, max_steps=args.iterations,
@@ -97,17 +95,20 @@ def ppo_config(args, out: Path, estimator: str = "gae") -> PPOConfig:
     )  # fmt: skip
 
 
-def group_config(args, out: Path, advantage: str, **options) -> GRPOConfig:
-    """configs/grpo.yaml / rloo.yaml's defaults, with the digits scorer and the base model;
-    ``options`` (GRPOConfig fields) replace them."""
-    return GRPOConfig(
+def group_config(args, out: Path, advantage: str, **options) -> RLConfig:
+    """configs/grpo.yaml / rloo.yaml's defaults (the preset of ``advantage``: 'grpo', 'rloo'
+    or 'reinforce++'), with the digits scorer and the base model; ``options`` (RLConfig
+    fields) replace them. 8 prompts x 4 responses an iteration, one optimiser step over the
+    32."""
+    return RLConfig.preset(
+        advantage,
         model=str(BASE_MODEL_DIR), reward_model=None, reward_functions=[REWARD],
         output_dir=str(out), train_data=str(demo_data("prompts")), eval_data=None,
-        seed=args.seed, max_prompt_length=PROMPT_LENGTH, advantage=advantage,
-        scale_rewards=advantage == "grpo", batch_size=RESPONSES_PER_ITER // GENERATIONS,
-        num_generations=GENERATIONS, max_steps=args.iterations,
+        seed=args.seed, max_prompt_length=PROMPT_LENGTH,
+        scale_rewards=advantage == "grpo", rollout_batch_size=RESPONSES_PER_ITER // GENERATIONS,
+        num_generations=GENERATIONS, batch_size=RESPONSES_PER_ITER, max_steps=args.iterations,
         max_new_tokens=args.max_new_tokens, temperature=1.0, learning_rate=args.group_lr,
-        lr_scheduler="constant", beta=args.group_beta, mixed_precision="bf16", cpu=True,
+        lr_scheduler="constant", kl_coef=args.group_beta, mixed_precision="bf16", cpu=True,
         report_to=[], resume=False, save_every=0, log_every=1, **options,
     )  # fmt: skip
 
@@ -118,11 +119,11 @@ def train(method: str, args) -> dict:
     started = time.perf_counter()
     if not args.eval_only:
         if method in CRITIC_METHODS:
-            run_ppo(ppo_config(args, out, CRITIC_METHODS[method]))
+            run_rl(ppo_config(args, out, CRITIC_METHODS[method]))
         elif method in GRPO_VARIANTS:
-            run_grpo(group_config(args, out, "grpo", **GRPO_VARIANTS[method]))
+            run_rl(group_config(args, out, "grpo", **GRPO_VARIANTS[method]))
         else:
-            run_grpo(group_config(args, out, method))
+            run_rl(group_config(args, out, method))
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "train/score/mean" in r]
     curve = {
         "responses": [r["step"] * RESPONSES_PER_ITER for r in rows],
@@ -266,7 +267,7 @@ def main() -> None:
     parser.add_argument("--ppo-lr", type=float, default=5e-5)
     parser.add_argument("--ppo-kl", type=float, default=0.4, help="PPO kl_coef (k1, per token)")
     parser.add_argument("--group-lr", type=float, default=5e-5, help="GRPO and RLOO lr")
-    parser.add_argument("--group-beta", type=float, default=0.04, help="GRPO and RLOO beta")
+    parser.add_argument("--group-beta", type=float, default=0.04, help="GRPO and RLOO kl_coef")
     parser.add_argument("--eval-prompts", type=int, default=512, help="held-out test prompts")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--eval-only", action="store_true", help="evaluate the runs in --out")

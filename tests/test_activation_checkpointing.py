@@ -8,8 +8,8 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2Block
 from helpers import TargetFraction, tiny_lm, tiny_prompts
 from rlhfkit.data import encode_demonstrations
 from rlhfkit.models.loading import ValueModel
-from rlhfkit.trainers.ppo import PPOTrainer
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl import RLTrainer
+from rlhfkit.trainers.rl_config import RLConfig
 from rlhfkit.trainers.sft import SFTTrainer
 from test_sft import _config as sft_config
 from test_sft import qa_demos
@@ -57,14 +57,14 @@ def _ppo_iteration(tiny_tokenizer, tmp_path, checkpointing: bool):
     policy, reference = tiny_lm(tiny_tokenizer), tiny_lm(tiny_tokenizer)
     critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
     calls = _count_block_passes(policy)
-    config = PPOConfig(
+    config = RLConfig(
         model="unused", train_data="unused", output_dir=str(tmp_path / str(checkpointing)),
         reward_model=None, reward_functions=["unused:unused"], max_steps=1,
         rollout_batch_size=8, batch_size=8, ppo_epochs=1, max_new_tokens=6,
         learning_rate=1e-3, report_to=[], resume=False, cpu=True,
         gradient_checkpointing=checkpointing, parallel_critic=False,
     )  # fmt: skip
-    trainer = PPOTrainer(
+    trainer = RLTrainer(
         config, policy, tiny_tokenizer, tiny_prompts(tiny_tokenizer), TargetFraction(),
         reference=reference, critic=critic,
     )  # fmt: skip

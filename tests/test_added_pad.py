@@ -18,8 +18,8 @@ from rlhfkit.models.loading import (
     load_tokenizer,
     match_vocabulary,
 )
-from rlhfkit.trainers.ppo import PPOTrainer, run_ppo
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl import RLTrainer, run_rl
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ COMBINATIONS = [
 ]
 
 
-def _config(root, tmp_path, **overrides) -> PPOConfig:
+def _config(root, tmp_path, **overrides) -> RLConfig:
     fields = dict(
         model=str(root / "policy"),
         train_data=str(root / "prompts.jsonl"),
@@ -87,7 +87,7 @@ def _config(root, tmp_path, **overrides) -> PPOConfig:
         cpu=True,
         seed=0,
     )
-    return PPOConfig(**{**fields, **overrides})
+    return RLConfig(**{**fields, **overrides})
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -96,7 +96,7 @@ def test_ppo_runs_on_a_model_whose_tokenizer_gains_a_pad(no_pad, tmp_path, score
     overrides = {**SCORERS[scorer], **CRITICS[critic]}
     if overrides.get("critic_model") == "policy":
         overrides["critic_model"] = str(no_pad / "policy")
-    final = run_ppo(_config(no_pad, tmp_path, lora=lora, **overrides))
+    final = run_rl(_config(no_pad, tmp_path, lora=lora, **overrides))
     assert (final / "model.safetensors").is_file()
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert [m["step"] for m in metrics if "train/score/mean" in m] == [1, 2]
@@ -107,7 +107,7 @@ def test_a_critic_loaded_without_the_tokenizer_is_refused_by_name(no_pad, tmp_pa
     critic = ValueModel.from_pretrained(no_pad / "policy")  # no tokenizer: no pad row
     message = r"critic \(.*policy\) has 400 token embeddings but the policy's tokenizer has 401"
     with pytest.raises(UsageError, match=message):
-        PPOTrainer(
+        RLTrainer(
             _config(no_pad, tmp_path, reward_model=None),
             load_causal_lm(no_pad / "policy", tokenizer=tokenizer),
             tokenizer,

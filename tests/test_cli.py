@@ -14,7 +14,7 @@ from helpers import write_jsonl
 from rlhfkit.cli import COMMANDS, main, parse_command
 from rlhfkit.config import ConfigError, RewardConfig, check_section_keys
 from rlhfkit.models.loading import RewardModel
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 def test_top_level_help_lists_commands(capsys):
@@ -127,13 +127,13 @@ def test_no_option_is_taken_for_an_abbreviation_of_another(capsys, argv):
 
 
 def test_a_pipeline_section_key_gets_the_commands_did_you_mean():
-    check_section_keys(PPOConfig, "ppo", ["max_steps", "learning_rate"])
+    check_section_keys(RLConfig, "ppo", ["max_steps", "learning_rate"])
     with pytest.raises(ConfigError, match="PipelineConfig.ppo: unrecognized key 'iterations' "):
-        check_section_keys(PPOConfig, "ppo", ["iterations"])
+        check_section_keys(RLConfig, "ppo", ["iterations"])
     with pytest.raises(ConfigError, match=r"round_reward: .*did you mean --batch_size\?"):
         check_section_keys(RewardConfig, "round_reward", ["per_device_train_batch_size"])
     with pytest.raises(ConfigError, match="did you mean --learning_rate"):
-        check_section_keys(PPOConfig, "round_ppo", ["learning_rat"])
+        check_section_keys(RLConfig, "round_ppo", ["learning_rat"])
 
 
 def test_a_trl_name_for_an_option_the_command_lacks_is_a_plain_unknown_option(capsys):
@@ -166,14 +166,14 @@ def test_a_former_option_name_is_refused_naming_the_new_one(capsys, argv, flag, 
 def test_one_value_of_a_list_option_is_a_list_of_one():
     from rlhfkit.cli import _list_fields, _lists_of_one
     from rlhfkit.config import config_from_namespace, config_parser
-    from rlhfkit.trainers.ppo_config import PPOConfig
+    from rlhfkit.trainers.rl_config import RLConfig
 
     args = ["--reward_functions", "gold", "--reward_weights=0.5", "--report_to", "none"]
     args += ["--reward_model", "null", "--lora_target_modules", "[c_attn, c_proj]"]
-    fields = _list_fields(PPOConfig)
+    fields = _list_fields(RLConfig)
     assert {"reward_functions", "reward_weights", "report_to", "lora_target_modules"} <= fields
-    parsed = config_parser(PPOConfig).parse_args(_lists_of_one(args, fields))
-    config = config_from_namespace(PPOConfig, parsed)
+    parsed = config_parser(RLConfig).parse_args(_lists_of_one(args, fields))
+    config = config_from_namespace(RLConfig, parsed)
     assert config.reward_functions == ["gold"] and config.reward_weights == [0.5]
     assert config.report_to == ["none"] and config.lora_target_modules == ["c_attn", "c_proj"]
     assert config.reward_model is None

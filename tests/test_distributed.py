@@ -2,11 +2,12 @@
 (gloo), each stage through the command line, against one process doing the same work.
 
 Equality: 2 processes x a micro-batch of b make the same steps as 1 process x 2b (SFT, RM,
-DPO, PPO) or as 1 process accumulating 2 micro-batches of b (GRPO, whose micro-batches sample
-their own groups), up to float summation order. PPO samples with top_k=1 here: each process
-samples from its own random stream, so with sampling on the two runs see different (equally
-random) responses and only the update could be compared; GRPO's streams are keyed by the
-batch's place in the data, so its samples are the same on any number of processes.
+DPO, PPO) or as 1 process accumulating 2 micro-batches of b (GRPO, whose generation batches
+sample their own groups), up to float summation order. PPO samples with top_k=1 here: each
+process samples from its own random stream (`sample_seeds: process`), so with sampling on
+the two runs see different (equally random) responses and only the update could be compared;
+GRPO's streams are keyed by the generation batch's place in the data (`sample_seeds: data`),
+so its samples are the same on any number of processes.
 """
 
 from __future__ import annotations
@@ -145,7 +146,9 @@ def _rl_args(stage: str, model: Path, data: dict[str, str]) -> list[str]:
     if stage == "ppo":
         return [*common, "--rollout_batch_size", "8", "--ppo_epochs", "2", "--top_k", "1",
                 "--critic", "value_head"]  # fmt: skip
-    return [*common, "--num_generations", "4", "--beta", "0.1"]
+    # 4 prompts an iteration x 4 responses: 8 sequences on each of 2 processes
+    return [*common, "--num_generations", "4", "--kl_coef", "0.1", "--rollout_batch_size", "4",
+            "--batch_size", "8"]  # fmt: skip
 
 
 def test_ppo_on_two_processes_makes_the_update_of_one_with_the_whole_batch(model, data, tmp_path):
@@ -162,7 +165,7 @@ def test_ppo_on_two_processes_makes_the_update_of_one_with_the_whole_batch(model
 
 
 def test_grpo_on_two_processes_learns_as_one_accumulating_two_micro_batches(model, data, tmp_path):
-    args = [*_rl_args("grpo", model, data), "--max_steps", "3", "--batch_size", "2"]
+    args = [*_rl_args("grpo", model, data), "--max_steps", "3", "--generation_prompts", "2"]
     _run(1, "grpo", [*args, "--gradient_accumulation_steps", "2", "--output_dir", "one"],
          tmp_path)  # fmt: skip
     _run(2, "grpo", [*args, "--output_dir", "two"], tmp_path)
@@ -176,8 +179,7 @@ def test_fsdp_shards_the_trained_models_and_trains_as_ddp(stage, model, data, tm
     if stage == "sft":
         args = [*_stage_args("sft", model, data, 4), "--save_every", "3"]
     elif stage == "grpo":  # with a sharded reference
-        args = [*_rl_args("grpo", model, data), "--max_steps", "2", "--batch_size", "2",
-                "--save_every", "2"]  # fmt: skip
+        args = [*_rl_args("grpo", model, data), "--max_steps", "2", "--save_every", "2"]
     else:
         args = [*_rl_args("ppo", model, data), "--max_steps", "2", "--batch_size", "4",
                 "--save_every", "2", "--critic", "separate", "--critic_model", str(model)]  # fmt: skip
@@ -243,7 +245,7 @@ def test_a_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(
     stage, fsdp, model, data, tmp_path
 ):
     args = [*_rl_args(stage, model, data), "--max_steps", "4", "--save_every", "1",
-            "--batch_size", "4" if stage == "ppo" else "2", "--top_k", "0", "--fsdp", fsdp]  # fmt: skip
+            "--batch_size", "4" if stage == "ppo" else "8", "--top_k", "0", "--fsdp", fsdp]  # fmt: skip
     _run(2, stage, [*args, "--output_dir", "straight"], tmp_path)
     resumed = [*args, "--output_dir", "killed", "--resume", "true"]
     _kill_after_checkpoint(_command(2, stage, resumed), tmp_path, tmp_path / "killed/checkpoint-2")

@@ -17,10 +17,8 @@ from rlhfkit.models.loading import check_model_source
 from rlhfkit.models.lora import merged_copy
 from rlhfkit.models.passes import causal_lm
 from rlhfkit.trainers.export import CheckpointExportConfig, run_checkpoint_export
-from rlhfkit.trainers.grpo import GRPOTrainer
-from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.ppo import PPOTrainer, run_ppo
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl import RLTrainer, run_rl
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 def _fields(tiny_model_dir, tmp_path):
@@ -43,7 +41,7 @@ def _fields(tiny_model_dir, tmp_path):
 
 def _ppo_config(tiny_model_dir, tmp_path, **overrides):
     fields = _fields(tiny_model_dir, tmp_path)
-    return PPOConfig(**{**fields, "rollout_batch_size": 8, "batch_size": 4, **overrides})
+    return RLConfig(**{**fields, "rollout_batch_size": 8, "batch_size": 4, **overrides})
 
 
 def _state(module):
@@ -56,7 +54,7 @@ def _export(checkpoint, output_dir):
 
 def test_a_ppo_checkpoint_exported_as_final_ends_the_run_at_its_step(tiny_model_dir, tmp_path):
     config = _ppo_config(tiny_model_dir, tmp_path)
-    trainer = PPOTrainer.from_config(config)
+    trainer = RLTrainer.from_config(config)
     start = _state(causal_lm(trainer.models.policy))
     trainer.train(stop_after=2)
     policy, critic = _state(causal_lm(trainer.models.policy)), _state(trainer.models.critic)
@@ -78,18 +76,19 @@ def test_a_ppo_checkpoint_exported_as_final_ends_the_run_at_its_step(tiny_model_
 
     with pytest.raises(UsageError, match="a training checkpoint .* `rlhfkit export --check"):
         check_model_source(run / "checkpoint-2")  # what eval and chat say of it
-    run_ppo(_ppo_config(tiny_model_dir, tmp_path, resume=True))  # finished: nothing trains
+    run_rl(_ppo_config(tiny_model_dir, tmp_path, resume=True))  # finished: nothing trains
     assert ckpt.read_json(final / ckpt.STATE_FILE)["step"] == 2
     assert not (run / "checkpoint-3").exists()
 
 
 def test_a_lora_grpo_checkpoint_is_exported_merged(tiny_model_dir, tmp_path):
     fields = _fields(tiny_model_dir, tmp_path)
-    config = GRPOConfig(**{**fields, "batch_size": 2, "num_generations": 4, "lora": True})
-    trainer = GRPOTrainer.from_config(config)
+    grpo = {"rollout_batch_size": 2, "num_generations": 4, "batch_size": 8, "lora": True}
+    config = RLConfig.preset("grpo", **{**fields, **grpo})
+    trainer = RLTrainer.from_config(config)
     trainer.train(stop_after=1)
     merged = _state(merged_copy(trainer.unwrapped_model))
-    assert (tmp_path / "run" / "checkpoint-1" / "adapter_model.safetensors").is_file()
+    assert (tmp_path / "run" / "checkpoint-1" / "trainable.safetensors").is_file()
 
     out = _export(tmp_path / "run" / "checkpoint-1", tmp_path / "at-1")
 
@@ -109,7 +108,7 @@ def test_what_is_not_an_exportable_checkpoint_is_refused_by_name(tmp_path):
     with pytest.raises(UsageError, match="no trainer_state.json there, so not a checkpoint"):
         _export(tmp_path, tmp_path / "out")
     sft = _saved_state(tmp_path / "sft" / "checkpoint-4", step=4, config={"max_length": 64})
-    with pytest.raises(UsageError, match="not of a PPO, GRPO or RLOO run. SFT, reward-model"):
+    with pytest.raises(UsageError, match="not of an RL run .* SFT, reward-model"):
         _export(sft, tmp_path / "out")
     final = _saved_state(tmp_path / "ppo" / "final", step=4, complete=True, config={})
     with pytest.raises(UsageError, match="is a finished model directory"):
@@ -119,7 +118,7 @@ def test_what_is_not_an_exportable_checkpoint_is_refused_by_name(tmp_path):
 
 
 def test_export_command_end_to_end(tiny_model_dir, tmp_path):
-    trainer = PPOTrainer.from_config(_ppo_config(tiny_model_dir, tmp_path, max_steps=2))
+    trainer = RLTrainer.from_config(_ppo_config(tiny_model_dir, tmp_path, max_steps=2))
     trainer.train(stop_after=1)
     env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
     command = [sys.executable, "-m", "rlhfkit.cli", "export"]

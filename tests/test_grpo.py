@@ -1,6 +1,7 @@
-"""GRPO / RLOO trainer: group advantages, the loss against a plain loop, learning a trivially
-learnable reward with the reference unchanged, several updates per generation, LoRA
-reference, the command end to end."""
+"""The RL stage without a critic (the GRPO, RLOO and REINFORCE++ presets of `RLTrainer`):
+group advantages, the loss against a plain loop, learning a trivially learnable reward with
+the reference unchanged, several updates per generation, LoRA reference, the command end to
+end."""
 
 import dataclasses
 import json
@@ -15,8 +16,8 @@ from rlhfkit.data import PromptCollator
 from rlhfkit.experience.rollout import estimate_advantages, rollout_stats
 from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.ops.advantages import group_advantages
-from rlhfkit.trainers.grpo import GRPOTrainer, run_grpo
-from rlhfkit.trainers.grpo_config import GRPOConfig, RLOOConfig
+from rlhfkit.trainers.rl import RLTrainer, run_rl
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 def _config(tmp_path, **overrides):
@@ -25,8 +26,9 @@ def _config(tmp_path, **overrides):
         train_data="unused",
         output_dir=str(tmp_path / "run"),
         reward_functions=["unused:unused"],
-        batch_size=4,
+        rollout_batch_size=4,
         num_generations=4,
+        batch_size=16,
         max_new_tokens=8,
         max_steps=20,
         learning_rate=3e-3,
@@ -38,7 +40,7 @@ def _config(tmp_path, **overrides):
         resume=False,
         seed=0,
     )
-    return GRPOConfig(**{**values, **overrides})
+    return RLConfig.preset("grpo", **{**values, **overrides})
 
 
 def _advantages(scores, config, kl=None, kl_coef=0.0):
@@ -47,7 +49,7 @@ def _advantages(scores, config, kl=None, kl_coef=0.0):
     tokens."""
     mask = torch.ones(len(scores), 2)
     rewards = torch.zeros(len(scores), 2)
-    settings = config.rollout_settings
+    settings = config.rollout_settings(1)
     advantages, returns, values = estimate_advantages(
         settings, scores, kl, kl_coef, rewards, None, mask
     )
@@ -63,7 +65,7 @@ def test_advantage_dispatch_by_hand(tmp_path):
     torch.testing.assert_close(grpo, (scores - 3.0) / (std + 1e-6))
     dr_grpo = _advantages(scores, _config(tmp_path, scale_rewards=False))
     torch.testing.assert_close(dr_grpo, scores - 3.0)
-    rloo = _advantages(scores, _config(tmp_path, advantage="rloo"))
+    rloo = _advantages(scores, _config(tmp_path, advantage_estimator="rloo"))
     torch.testing.assert_close(rloo, torch.tensor([1 - 11 / 3, 2 - 10 / 3, 0.0, 4.0]))
     # The KL in the scores: each response's total reward is its score less beta x its KL.
     kl = torch.tensor([[0.5, 0.5], [0.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
@@ -86,15 +88,15 @@ def test_loss_and_gradient_equal_a_plain_loop(padding_free, tiny_tokenizer, tmp_
     beta = 0.1
     prompts = tiny_prompts(tiny_tokenizer)
     reference = tiny_lm(tiny_tokenizer, seed=1)  # differs from the policy: the KL term is not 0
-    trainer = GRPOTrainer(
-        _config(tmp_path, beta=beta, padding_free=padding_free),
+    trainer = RLTrainer(
+        _config(tmp_path, kl_coef=beta, padding_free=padding_free),
         tiny_lm(tiny_tokenizer),
         tiny_tokenizer,
         prompts,
         scorer,
         reference=reference,
     )
-    assert trainer.packed == padding_free
+    assert trainer.models.packed == padding_free
     batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
     loss, metrics = _loss(trainer, batch)
     loss.backward()
@@ -161,13 +163,13 @@ def test_loss_aggregations_and_skipped_groups_equal_a_plain_loop(
     reference = tiny_lm(tiny_tokenizer, seed=1)
     config = _config(
         tmp_path,
-        beta=beta,
+        kl_coef=beta,
         loss_aggregation=aggregation,
         skip_uniform_groups=skip,
         kl_importance_weight=weighted,
         max_new_tokens=max_new_tokens,
     )
-    trainer = GRPOTrainer(
+    trainer = RLTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, scorer, reference=reference
     )
     loss, metrics = _loss(trainer, PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
@@ -213,8 +215,8 @@ def test_kl_in_reward_moves_the_kl_from_the_loss_to_the_scores(tiny_tokenizer, t
     scorer, beta = TargetFraction(), 0.5
     prompts = tiny_prompts(tiny_tokenizer)
     reference = tiny_lm(tiny_tokenizer, seed=1)
-    config = _config(tmp_path, beta=beta, kl_in_reward=True)
-    trainer = GRPOTrainer(
+    config = _config(tmp_path, kl_coef=beta, kl_in_loss=False)
+    trainer = RLTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, scorer, reference=reference
     )
     loss, metrics = _loss(trainer, PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
@@ -245,8 +247,8 @@ def test_reinforce_pp_gradient_equals_a_plain_loop(tiny_tokenizer, tmp_path):
     scorer, beta = TargetFraction(), 0.5
     prompts = tiny_prompts(tiny_tokenizer)
     reference = tiny_lm(tiny_tokenizer, seed=1)
-    config = _config(tmp_path, beta=beta, advantage="reinforce++")
-    trainer = GRPOTrainer(
+    config = _config(tmp_path, kl_coef=beta, advantage_estimator="reinforce++", kl_in_loss=False)
+    trainer = RLTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, scorer, reference=reference
     )
     loss, metrics = _loss(trainer, PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4]))
@@ -286,9 +288,9 @@ def test_reinforce_pp_gradient_equals_a_plain_loop(tiny_tokenizer, tmp_path):
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"advantage": "grpo"},
-        {"advantage": "rloo"},
-        {"importance_sampling_level": "sequence", "num_iterations": 2},  # GSPO
+        {"advantage_estimator": "grpo"},
+        {"advantage_estimator": "rloo"},
+        {"importance_sampling_level": "sequence", "ppo_epochs": 2},  # GSPO
     ],
 )
 def test_learns_a_trivial_reward_and_the_reference_does_not_move(
@@ -296,16 +298,21 @@ def test_learns_a_trivial_reward_and_the_reference_does_not_move(
 ):
     prompts = tiny_prompts(tiny_tokenizer)
     config = _config(tmp_path, **overrides)
-    trainer = GRPOTrainer(
-        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction(), prompts[:32]
+    trainer = RLTrainer(
+        config,
+        tiny_lm(tiny_tokenizer),
+        tiny_tokenizer,
+        prompts,
+        TargetFraction(),
+        eval_prompts=prompts[:32],
     )
-    before = {k: v.clone() for k, v in trainer.reference.state_dict().items()}
+    before = {k: v.clone() for k, v in trainer.models.reference.state_dict().items()}
     start = trainer.run_evaluation()["score"]
     trainer.train()
     end = trainer.state.eval_metrics["score"]
     assert start < 0.12
     assert end > 0.16 and end > 1.8 * start
-    for name, value in trainer.reference.state_dict().items():
+    for name, value in trainer.models.reference.state_dict().items():
         assert torch.equal(value, before[name]), name
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     kls = [row["train/kl/ref"] for row in logged if "train/kl/ref" in row]
@@ -320,8 +327,8 @@ def test_the_policy_pass_of_the_experience_is_the_update_s_first(tiny_tokenizer,
     before any step, the loss against it is the loss of the update's pass as pi_old."""
     prompts = tiny_prompts(tiny_tokenizer)
     reference = tiny_lm(tiny_tokenizer, seed=1)
-    config = _config(tmp_path, num_iterations=2, beta=0.1)
-    trainer = GRPOTrainer(
+    config = _config(tmp_path, ppo_epochs=2, kl_coef=0.1)
+    trainer = RLTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction(),
         reference=reference,
     )  # fmt: skip
@@ -339,25 +346,23 @@ def test_several_updates_per_generation_clip_and_count_their_steps(
 ):
     prompts = tiny_prompts(tiny_tokenizer)
     config = _config(
-        tmp_path, num_iterations=2, steps_per_generation=2, max_steps=2, learning_rate=3e-2,
-        log_every=1, **on_device(device),
+        tmp_path, ppo_epochs=2, rollout_batch_size=8, generation_prompts=4, max_steps=2,
+        learning_rate=3e-2, log_every=1, **on_device(device),
     )  # fmt: skip
-    trainer = GRPOTrainer(
-        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
-    )
+    trainer = RLTrainer(config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction())
     trainer.train()
-    assert trainer.learners["model"].scheduler.last_epoch == 2 * 2 * 2  # iterations x steps
-    assert trainer.state.batch_index == 2 * 2  # each iteration samples two micro-batches
+    assert trainer.learners["policy"].scheduler.last_epoch == 2 * 2 * 2  # iterations x steps
+    assert trainer.state.batch_index == 2 * 2  # each iteration samples two generation batches
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     train = [row for row in logged if "train/policy/clipfrac" in row]
     assert len(train) == 2
     assert all(row["train/policy/clipfrac"] > 0 for row in train)  # the clip acts
     assert all(row["train/policy/ratio"] != pytest.approx(1.0, abs=1e-6) for row in train)
-    # Without max_steps, an epoch of 64 prompts is 64 / (4 prompts x 2 micro-batches) steps.
+    # Without max_steps, an epoch of 64 prompts is 64 / 8 iterations of 2 minibatches.
     by_epochs = _config(
-        tmp_path, steps_per_generation=2, max_steps=None, num_epochs=1, **on_device(device)
+        tmp_path, rollout_batch_size=8, max_steps=None, num_epochs=1, **on_device(device)
     )
-    trainer = GRPOTrainer(
+    trainer = RLTrainer(
         by_epochs, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
     )
     assert trainer.state.total_steps == len(prompts) // 8
@@ -369,22 +374,26 @@ def test_lora_reference_and_no_reference_without_kl(tiny_tokenizer, tmp_path):
     lm = tiny_lm(tiny_tokenizer)
     base = {k: v.clone() for k, v in lm.state_dict().items()}
     config = _config(tmp_path, lora=True, max_steps=2, learning_rate=1e-2)
-    trainer = GRPOTrainer(config, lm, tiny_tokenizer, prompts, TargetFraction())
-    assert trainer.reference is None  # the adapter-disabled policy is the reference
-    assert trainer.packed
+    trainer = RLTrainer(config, lm, tiny_tokenizer, prompts, TargetFraction())
+    # The reference is the policy with its adapter disabled, or a view of its base weights
+    # (to run beside it on a CPU): never a second copy.
+    reference = trainer.models.reference
+    embeddings = trainer.unwrapped_model.get_base_model().transformer.wte.weight
+    assert reference is None or reference.transformer.wte.weight is embeddings
+    assert trainer.models.packed
     trainer.train()
     state = trainer.unwrapped_model.get_base_model().state_dict()
     for name, value in base.items():
         key = next(k for k in state if k.replace(".base_layer", "") == name)
         assert torch.equal(state[key], value), name
-    no_kl = GRPOTrainer(
-        _config(tmp_path, beta=0.0),
+    no_kl = RLTrainer(
+        _config(tmp_path, kl_coef=0.0),
         tiny_lm(tiny_tokenizer),
         tiny_tokenizer,
         prompts,
         TargetFraction(),
     )
-    assert no_kl.reference is None
+    assert no_kl.models.reference is None
     batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
     assert "kl/ref" not in _loss(no_kl, batch)[1]
 
@@ -396,8 +405,8 @@ def test_processed_scores_make_the_advantages(tiny_tokenizer, tmp_path):
     batch = PromptCollator(tiny_tokenizer.pad_token_id)(prompts[:4])
     stats = {}
     for clip in (None, 0.01):
-        config = _config(tmp_path, advantage="rloo", score_clip=clip)
-        trainer = GRPOTrainer(
+        config = _config(tmp_path, advantage_estimator="rloo", score_clip=clip)
+        trainer = RLTrainer(
             config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
         )
         stats[clip] = _loss(trainer, batch)[1]["advantage/abs_mean"]
@@ -409,9 +418,10 @@ def test_gold_functions_score_the_held_out_samples_beside_the_scorer(tiny_tokeni
     gold = ["helpers:response_chars", "helpers:response_chars"]  # summed: twice the score
     prompts = tiny_prompts(tiny_tokenizer, 80)
     config = _config(tmp_path, gold_functions=gold)
-    trainer = GRPOTrainer(
-        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts[:64], chars, prompts[64:]
-    )
+    trainer = RLTrainer(
+        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts[:64], chars,
+        eval_prompts=prompts[64:],
+    )  # fmt: skip
     metrics = trainer.evaluate()
     assert metrics["score"] > 0 and metrics["gold"] == pytest.approx(2 * metrics["score"])
 
@@ -420,11 +430,17 @@ def test_gold_functions_score_the_held_out_samples_beside_the_scorer(tiny_tokeni
     "overrides",
     [
         {},
-        {"advantage": "rloo", "score_normalize": "standardize"},
-        {"loss_aggregation": "sequence_mean", "skip_uniform_groups": True, "kl_in_reward": True},
-        {"advantage": "reinforce++", "loss_aggregation": "constant"},
-        {"num_iterations": 2, "steps_per_generation": 2, "clip_range_high": 0.28},
-        {"num_iterations": 2, "importance_sampling_level": "sequence", "clip_range": 3e-3},
+        {"advantage_estimator": "rloo", "score_normalize": "standardize"},
+        {"loss_aggregation": "sequence_mean", "skip_uniform_groups": True, "kl_in_loss": False},
+        {"advantage_estimator": "reinforce++", "kl_in_loss": False, "loss_aggregation": "constant"},
+        {
+            "ppo_epochs": 2,
+            "rollout_batch_size": 8,
+            "generation_prompts": 4,
+            "clip_range_high": 0.28,
+        },
+        {"ppo_epochs": 2, "rollout_batch_size": 8, "clip_range_high": 0.28},  # shuffled
+        {"ppo_epochs": 2, "importance_sampling_level": "sequence", "clip_range": 3e-3},
     ],
 )
 def test_stop_and_resume_equals_an_uninterrupted_run(overrides, tiny_tokenizer, tmp_path):
@@ -433,9 +449,7 @@ def test_stop_and_resume_equals_an_uninterrupted_run(overrides, tiny_tokenizer, 
 
     def trainer(out, **more):
         config = _config(tmp_path, output_dir=str(tmp_path / out), max_steps=2, **overrides, **more)
-        return GRPOTrainer(
-            config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction()
-        )
+        return RLTrainer(config, tiny_lm(tiny_tokenizer), tiny_tokenizer, prompts, TargetFraction())
 
     straight = trainer("a")
     straight.train()
@@ -461,44 +475,53 @@ def test_grpo_command_end_to_end(tiny_model_dir, tmp_path):
         reward_functions=["rlhfkit.tasks:digits_reward"],
         max_steps=2,
     )
-    final = run_grpo(config)
+    final = run_rl(config)
     assert (final / "model.safetensors").is_file()
     assert "score" in json.loads((final / "trainer_state.json").read_text())["eval_metrics"]
 
 
 def test_config_checks():
-    assert RLOOConfig(reward_functions=["m:f"]).advantage == "rloo"
-    with pytest.raises(ConfigError, match="GRPOConfig.num_generations = 1"):
-        GRPOConfig(reward_functions=["m:f"], num_generations=1)
-    with pytest.raises(ConfigError, match="GRPOConfig.reward_model = None"):
-        GRPOConfig()
-    with pytest.raises(ConfigError, match="GRPOConfig.advantage = 'ppo'"):
-        GRPOConfig(reward_functions=["m:f"], advantage="ppo")
-    with pytest.raises(ConfigError, match="GRPOConfig.missing_eos_replace = True"):
-        GRPOConfig(reward_functions=["m:f"], missing_eos_replace=True)
-    with pytest.raises(ConfigError, match="GRPOConfig.score_clip = 0"):
-        GRPOConfig(reward_functions=["m:f"], score_clip=0)
-    assert GRPOConfig(reward_functions=["m:f"], advantage="reinforce++").kl_in_rewards
-    with pytest.raises(ConfigError, match="GRPOConfig.loss_aggregation = 'sum'"):
-        GRPOConfig(reward_functions=["m:f"], loss_aggregation="sum")
-    with pytest.raises(ConfigError, match="GRPOConfig.importance_sampling_level = 'sequence'"):
-        GRPOConfig(
-            reward_functions=["m:f"], advantage="reinforce++", importance_sampling_level="sequence"
+    def grpo(**fields):
+        return RLConfig.preset("grpo", reward_functions=["m:f"], **fields)
+
+    assert RLConfig.preset("rloo", reward_functions=["m:f"]).advantage_estimator == "rloo"
+    with pytest.raises(ConfigError, match="RLConfig.num_generations = 1"):
+        grpo(num_generations=1)
+    with pytest.raises(ConfigError, match="RLConfig.reward_model = None"):
+        RLConfig.preset("grpo")
+    with pytest.raises(ConfigError, match="RLConfig.advantage_estimator = 'ppo'"):
+        grpo(advantage_estimator="ppo")
+    with pytest.raises(ConfigError, match="RLConfig.missing_eos_replace = True"):
+        grpo(missing_eos_replace=True)
+    with pytest.raises(ConfigError, match="RLConfig.score_clip = 0"):
+        grpo(score_clip=0)
+    with pytest.raises(ConfigError, match="RLConfig.kl_in_loss = True .* 'reinforce\\+\\+'"):
+        grpo(advantage_estimator="reinforce++")
+    assert not RLConfig.preset("reinforce++", reward_functions=["m:f"]).kl_in_loss
+    with pytest.raises(ConfigError, match="RLConfig.critic = 'none' .* 'gae'"):
+        grpo(advantage_estimator="gae")
+    with pytest.raises(ConfigError, match="RLConfig.critic = 'separate' .* 'grpo'"):
+        grpo(critic="separate")
+    with pytest.raises(ConfigError, match="RLConfig.loss_aggregation = 'sum'"):
+        grpo(loss_aggregation="sum")
+    with pytest.raises(ConfigError, match="RLConfig.importance_sampling_level = 'sequence'"):
+        RLConfig.preset(
+            "reinforce++", reward_functions=["m:f"], importance_sampling_level="sequence"
         )
-    gspo = GRPOConfig(
-        reward_functions=["m:f"],
-        importance_sampling_level="sequence",
-        mask_truncated_completions=True,
-    )
+    with pytest.raises(ConfigError, match="RLConfig.generation_prompts = 3"):
+        grpo(generation_prompts=3)
+    with pytest.raises(ConfigError, match="RLConfig.rollout_batch_size = 8"):
+        grpo(batch_size=24)  # 8 prompts x 4 responses do not split into micro-batches of 24
+    gspo = grpo(importance_sampling_level="sequence", mask_truncated_completions=True)
     assert gspo.loss_settings.ratio_level == "sequence"
-    assert gspo.rollout_settings.mask_truncated
+    assert gspo.rollout_settings(1).mask_truncated
 
 
-@pytest.mark.parametrize(
-    ("name", "cls", "advantage"), [("grpo", GRPOConfig, "grpo"), ("rloo", RLOOConfig, "rloo")]
-)
-def test_shipped_configs_load(name, cls, advantage):
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_shipped_configs_load(name):
     root = Path(__file__).resolve().parents[1]
-    config = load_config(cls, root / "configs" / f"{name}.yaml")
-    assert config.advantage == advantage and config.output_dir == f"runs/{name}"
+    defaults = RLConfig.preset_defaults(name)
+    config = load_config(RLConfig, root / "configs" / f"{name}.yaml", defaults=defaults)
+    assert config.advantage_estimator == name and config.output_dir == f"runs/{name}"
+    assert config.critic == "none" and config.kl_in_loss
     assert (root / config.train_data).is_dir()

@@ -24,8 +24,7 @@ from rlhfkit.pipeline.config import PipelineConfig, stage_configs
 from rlhfkit.pipeline.rounds import round_summaries
 from rlhfkit.pipeline.run import run_pipeline
 from rlhfkit.tasks import BREAKDOWNS, INSTRUCTIONS_DATA_DIR
-from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl_config import RLConfig
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "instructions_smollm2.yaml"
 GPU_CONFIG = CONFIG.with_name("instructions_smollm2_gpu.yaml")
@@ -52,7 +51,8 @@ SMALL = {
     },
     "grpo": {
         "max_steps": 2,
-        "batch_size": 2,
+        "rollout_batch_size": 2,
+        "batch_size": 8,
         "max_new_tokens": 8,
         "max_prompt_length": 64,
         "report_to": ["none"],
@@ -114,7 +114,7 @@ def test_the_rounds_config_chooses_each_round_s_policy_on_the_validation_prompts
 
 def test_ppo_on_the_checker_starts_from_the_pipeline_s_sft_and_is_evaluated_on_test():
     sft = stage_configs(load_config(PipelineConfig, CONFIG)).sft
-    ppo = load_config(PPOConfig, CHECKER_CONFIG)
+    ppo = load_config(RLConfig, CHECKER_CONFIG)
     assert ppo.model == ppo.critic_model == str(sft.final_dir) and ppo.critic == "separate"
     assert ppo.reward_model is None and ppo.reward_functions == ["instructions"]
     assert ppo.score_normalize == "scale" and ppo.kl_coef == 0.03
@@ -141,7 +141,7 @@ def test_grpo_from_the_letter_case_sft_is_the_pipeline_s_sft_on_more_demonstrati
         if getattr(pipeline_sft, k) != v and k not in moved
     }
     assert not differ, differ  # every other field as the pipeline's own SFT stage
-    grpo = load_config(GRPOConfig, LETTER_CASE_GRPO_CONFIG)
+    grpo = load_config(RLConfig, LETTER_CASE_GRPO_CONFIG, defaults=RLConfig.preset_defaults("grpo"))
     assert grpo.model == str(sft.final_dir) and grpo.reference is None
     assert grpo.reward_model is None and grpo.reward_functions == ["instructions", "unasked_case"]
     assert grpo.reward_weights == [1.0, 0.5]  # the checker, and a charge for an unasked case

@@ -287,22 +287,23 @@ def test_grpo_on_the_math_data_learns_the_math_reward(tiny_tokenizer, tmp_path):
     from helpers import tiny_lm
     from rlhfkit.data import PromptExample, encode_prompts, load_records
     from rlhfkit.experience.scorer_loading import build_scorer
-    from rlhfkit.trainers.grpo import GRPOTrainer
-    from rlhfkit.trainers.grpo_config import GRPOConfig
+    from rlhfkit.trainers.rl import RLTrainer
+    from rlhfkit.trainers.rl_config import RLConfig
 
     records = load_records(BUNDLED, "prompts", split="train")
     records = [r for r in records if r.columns["answer"] in ("1", "2")]
     ids, _ = encode_prompts(records, tiny_tokenizer, 16, chat_template=False)
     examples = [PromptExample(i, r) for i, r in zip(ids, records, strict=True)]
-    config = GRPOConfig(
-        model="unused", train_data="unused", output_dir=str(tmp_path / "run"),
-        reward_functions=["math"], batch_size=8, num_generations=8, max_new_tokens=4,
+    config = RLConfig.preset(
+        "grpo", model="unused", train_data="unused", output_dir=str(tmp_path / "run"),
+        reward_functions=["math"], rollout_batch_size=8, num_generations=8, batch_size=64,
+        max_new_tokens=4,
         max_steps=30, learning_rate=3e-3, lr_scheduler="constant", log_every=10,
         sample_every=100, cpu=True, report_to=[], resume=False, seed=0,
     )  # fmt: skip
     scorer = build_scorer(None, ["math"])
     model = tiny_lm(tiny_tokenizer)
-    trainer = GRPOTrainer(config, model, tiny_tokenizer, examples, scorer, examples[:64])
+    trainer = RLTrainer(config, model, tiny_tokenizer, examples, scorer, eval_prompts=examples[:64])
     start = trainer.run_evaluation()["score"]
     trainer.train()
     end = trainer.state.eval_metrics["score"]

@@ -19,11 +19,9 @@ from rlhfkit.experience.rollout import Rollout
 from rlhfkit.experience.scorers import ScoreError
 from rlhfkit.models.loading import ValueModel
 from rlhfkit.tracking import read_jsonl
-from rlhfkit.trainers.grpo import GRPOTrainer
-from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.loop import Trainer
-from rlhfkit.trainers.ppo import PPOTrainer
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl import RLTrainer
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 class ToyLMTrainer(Trainer):
@@ -175,8 +173,8 @@ RL_FIELDS = dict(
 
 
 def test_a_nan_score_stops_ppo_naming_the_score(tiny_tokenizer, tmp_path):
-    config = PPOConfig(**RL_FIELDS, output_dir=str(tmp_path), rollout_batch_size=4)
-    trainer = PPOTrainer(
+    config = RLConfig(**RL_FIELDS, output_dir=str(tmp_path), rollout_batch_size=4)
+    trainer = RLTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, tiny_prompts(tiny_tokenizer, 8),
         NaNScore(), reference=tiny_lm(tiny_tokenizer),
         critic=ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer),
@@ -187,8 +185,9 @@ def test_a_nan_score_stops_ppo_naming_the_score(tiny_tokenizer, tmp_path):
 
 
 def test_a_nan_advantage_stops_grpo_naming_it(tiny_tokenizer, tmp_path, monkeypatch):
-    config = GRPOConfig(**RL_FIELDS, output_dir=str(tmp_path), num_generations=2, cpu=True)
-    trainer = GRPOTrainer(
+    groups = {"rollout_batch_size": 4, "num_generations": 2, "batch_size": 8}
+    config = RLConfig.preset("grpo", **{**RL_FIELDS, **groups}, output_dir=str(tmp_path), cpu=True)
+    trainer = RLTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, tiny_prompts(tiny_tokenizer, 8),
         NaNScore(),
     )  # fmt: skip
@@ -198,7 +197,7 @@ def test_a_nan_advantage_stops_grpo_naming_it(tiny_tokenizer, tmp_path, monkeypa
         "rlhfkit.experience.rollout.group_advantages",
         lambda scores, *args: torch.full_like(scores, float("nan")),
     )
-    trainer = GRPOTrainer(
+    trainer = RLTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, tiny_prompts(tiny_tokenizer, 8),
         TargetFraction(),
     )  # fmt: skip
@@ -207,8 +206,8 @@ def test_a_nan_advantage_stops_grpo_naming_it(tiny_tokenizer, tmp_path, monkeypa
 
 
 def test_a_nan_value_in_the_rollout_stops_ppo_naming_it(tiny_tokenizer, tmp_path):
-    config = PPOConfig(**RL_FIELDS, output_dir=str(tmp_path), rollout_batch_size=4)
-    trainer = PPOTrainer(
+    config = RLConfig(**RL_FIELDS, output_dir=str(tmp_path), rollout_batch_size=4)
+    trainer = RLTrainer(
         config, tiny_lm(tiny_tokenizer), tiny_tokenizer, tiny_prompts(tiny_tokenizer, 8),
         TargetFraction(), reference=tiny_lm(tiny_tokenizer),
         critic=ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer),

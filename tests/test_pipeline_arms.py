@@ -19,7 +19,13 @@ from rlhfkit.pipeline import runners
 from rlhfkit.pipeline.config import PipelineConfig
 from rlhfkit.pipeline.run import run_pipeline
 
-GRPO = {"max_steps": 2, "batch_size": 2, "max_new_tokens": 8, "report_to": ["none"]}
+GRPO = {
+    "max_steps": 2,
+    "rollout_batch_size": 2,
+    "batch_size": 8,
+    "max_new_tokens": 8,
+    "report_to": ["none"],
+}
 ARMS = ("dpo", "grpo")
 
 

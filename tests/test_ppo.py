@@ -21,8 +21,8 @@ from rlhfkit.models.passes import ValueHeadLM
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.tracking import read_jsonl
 from rlhfkit.trainers.loop import OPTIMIZER_FILE
-from rlhfkit.trainers.ppo import PPOTrainer
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl import RLTrainer
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 def _config(tmp_path, **overrides):
@@ -42,13 +42,13 @@ def _config(tmp_path, **overrides):
         resume=False,
         seed=0,
     )
-    return PPOConfig(**{**values, **overrides})
+    return RLConfig(**{**values, **overrides})
 
 
 def _trainer(tiny_tokenizer, tmp_path, scorer=None, eval_prompts=None, **overrides):
     policy, reference = tiny_lm(tiny_tokenizer), tiny_lm(tiny_tokenizer)
     critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
-    return PPOTrainer(
+    return RLTrainer(
         _config(tmp_path, **overrides),
         policy,
         tiny_tokenizer,
@@ -173,7 +173,7 @@ def test_a_lora_policys_reference_beside_it_is_a_view_of_its_base_weights(
                     weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
         config = _config(tmp_path / str(parallel), lora=True, parallel_critic=parallel)
         critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
-        trainers[parallel] = PPOTrainer(
+        trainers[parallel] = RLTrainer(
             config, policy, tiny_tokenizer, tiny_prompts(tiny_tokenizer), TargetFraction(),
             critic=critic,
         )  # fmt: skip
@@ -301,7 +301,7 @@ def test_lora_reference_is_the_policy_with_the_adapter_off(tiny_tokenizer, tmp_p
     policy = add_lora(tiny_lm(tiny_tokenizer), r=4, alpha=8)
     critic = ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer)
     base_before = {k: v.clone() for k, v in policy.state_dict().items() if "lora_" not in k}
-    trainer = PPOTrainer(
+    trainer = RLTrainer(
         _config(tmp_path, **on_device(device, lora=True, max_steps=1)),
         policy,
         tiny_tokenizer,
@@ -352,7 +352,7 @@ def test_frozen_weights_cast_once_an_iteration_take_the_same_steps(
         rm = freeze(ValueModel(tiny_lm(tiny_tokenizer, seed=2).transformer, per_token=False))
         config = _config(tmp_path / name, lora=True, max_steps=2, mixed_precision="bf16")
         scorer = RewardModelScorer(rm)
-        trainer = PPOTrainer(config, policy, tiny_tokenizer, tiny_prompts(tiny_tokenizer), scorer,
+        trainer = RLTrainer(config, policy, tiny_tokenizer, tiny_prompts(tiny_tokenizer), scorer,
                              critic=critic)  # fmt: skip
         seen = set()
         hook = lambda module, args: seen.add(module.weight.dtype)  # noqa: E731
@@ -378,7 +378,7 @@ def test_a_lora_run_writes_plain_models_that_stock_transformers_load(tiny_tokeni
 
     policy = add_lora(tiny_lm(tiny_tokenizer), r=4, alpha=8)
     critic = add_lora(ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer), r=4, alpha=8)
-    trainer = PPOTrainer(
+    trainer = RLTrainer(
         _config(tmp_path, lora=True, max_steps=1),
         policy,
         tiny_tokenizer,
@@ -401,7 +401,7 @@ def test_value_head_critic_and_ptx_term(tiny_tokenizer, tmp_path):
     policy = ValueHeadLM(tiny_lm(tiny_tokenizer))
     ids = tiny_tokenizer("Number 1. The cat sees a red ball.")["input_ids"]
     ptx = [SFTExample(ids, [-100] * 3 + ids[3:])] * 8
-    trainer = PPOTrainer(
+    trainer = RLTrainer(
         _config(tmp_path, critic="value_head", ptx_coef=0.5, ptx_data="unused"),
         policy,
         tiny_tokenizer,
@@ -537,7 +537,7 @@ def test_a_named_reference_measures_the_kl_from_the_first_step(
             reward_functions=["digits"],
             max_steps=1,
         )
-        trainer = PPOTrainer.from_config(config)
+        trainer = RLTrainer.from_config(config)
         runs[name] = trainer
         trainer.train()
     loaded = _weights(runs["named"].models.reference)

@@ -26,7 +26,7 @@ from rlhfkit.experience.scorers import (
 from rlhfkit.interact.sampling import BestOfNConfig
 from rlhfkit.models.loading import RewardModel
 from rlhfkit.ops import ENSEMBLE_RULES, combine_scores
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl_config import RLConfig
 
 PROMPTS = ["The cat", "A dog ran", "We saw", "It was a"]
 
@@ -130,13 +130,13 @@ def test_one_directory_in_a_list_is_that_reward_model(members, tiny_tokenizer):
 
 
 def test_the_fields_and_their_checks():
-    config = PPOConfig(reward_model=["a", "b"], reward_ensemble="min")
+    config = RLConfig(reward_model=["a", "b"], reward_ensemble="min")
     assert config.reward_models == ["a", "b"]
-    assert PPOConfig(reward_model="a").reward_models == ["a"]
-    with pytest.raises(ConfigError, match=r"PPOConfig.reward_model = \[\] is not allowed"):
-        PPOConfig(reward_model=[])
-    with pytest.raises(ConfigError, match="PPOConfig.reward_ensemble_coef = -1.0"):
-        PPOConfig(reward_model=["a", "b"], reward_ensemble_coef=-1.0)
+    assert RLConfig(reward_model="a").reward_models == ["a"]
+    with pytest.raises(ConfigError, match=r"RLConfig.reward_model = \[\] is not allowed"):
+        RLConfig(reward_model=[])
+    with pytest.raises(ConfigError, match="RLConfig.reward_ensemble_coef = -1.0"):
+        RLConfig(reward_model=["a", "b"], reward_ensemble_coef=-1.0)
     with pytest.raises(ConfigError, match="reward_ensemble = 'median'"):
         BestOfNConfig(reward_model=["a", "b"], reward_ensemble="median")
     with pytest.raises(ConfigError, match=r"EvalConfig.reward_model = \[\]"):
@@ -144,7 +144,7 @@ def test_the_fields_and_their_checks():
 
 
 def test_ppo_critic_starts_from_the_first_member(members, tiny_model_dir, tiny_tokenizer):
-    config = PPOConfig(model=str(tiny_model_dir), reward_model=members)
+    config = RLConfig(model=str(tiny_model_dir), reward_model=members)
     assert config.critic_start(tiny_tokenizer) == members[0]
 
 
@@ -152,10 +152,10 @@ def test_the_command_line_takes_one_directory_or_a_list():
     from rlhfkit.cli import _list_fields, _lists_of_one
     from rlhfkit.config import config_from_namespace, config_parser
 
-    parser = config_parser(PPOConfig)
+    parser = config_parser(RLConfig)
     for value, expected in (("runs/a", "runs/a"), ("[runs/a, runs/b]", ["runs/a", "runs/b"])):
-        args = _lists_of_one(["--reward_model", value], _list_fields(PPOConfig))
-        assert config_from_namespace(PPOConfig, parser.parse_args(args)).reward_model == expected
+        args = _lists_of_one(["--reward_model", value], _list_fields(RLConfig))
+        assert config_from_namespace(RLConfig, parser.parse_args(args)).reward_model == expected
 
 
 class _Length(torch.nn.Module):

@@ -16,8 +16,7 @@ from rlhfkit.interact.chat import ChatConfig, SampleConfig
 from rlhfkit.interact.sampling import BestOfNConfig
 from rlhfkit.models.loading import RewardModel
 from rlhfkit.tasks import BUNDLED_REWARDS, digits_score, gold_score
-from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +34,8 @@ def _batch(responses: list[str]) -> ScoreInput:
 @pytest.mark.parametrize(
     "make_config",
     [
-        PPOConfig,
-        GRPOConfig,
+        RLConfig,
+        lambda **fields: RLConfig.preset("grpo", **fields),
         BestOfNConfig,
         lambda **fields: ChatConfig(model="m", **fields),
         lambda **fields: SampleConfig(model="m", prompt="hi", **fields),
@@ -65,7 +64,7 @@ def test_every_kind_of_name_resolves(tiny_model_dir, reward_model_dir, tiny_toke
 
 
 def test_every_help_that_lists_the_bundled_names_lists_them_all():
-    helps = {action.dest: action.help for action in config_parser(GRPOConfig)._actions}
+    helps = {action.dest: action.help for action in config_parser(RLConfig)._actions}
     trl_note = trl_names.RL_SCRIPT_ARGUMENTS["reward_funcs"].note
     for text in (helps["reward_functions"], helps["gold_functions"], trl_note):
         assert [name for name in BUNDLED_REWARDS if name not in text] == [], text

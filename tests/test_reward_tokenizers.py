@@ -19,8 +19,8 @@ from rlhfkit.experience.scorer_loading import build_scorer, load_reward_scorer, 
 from rlhfkit.experience.scorers import RewardModelScorer, ScoreInput
 from rlhfkit.models.loading import RewardModel, ValueModel, same_tokenizer
 from rlhfkit.runtime.packing import enable_packing
-from rlhfkit.trainers.ppo import PPOTrainer
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl import RLTrainer
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:
@@ -164,14 +164,14 @@ def _ppo_config(tmp_path, **overrides):
         seed=0,
         cpu=True,
     )
-    return PPOConfig(**{**fields, **overrides})
+    return RLConfig(**{**fields, **overrides})
 
 
 @pytest.mark.slow
 def test_ppo_learns_from_a_reward_model_with_another_vocabulary(tiny_tokenizer, tmp_path):
     own = char_tokenizer()
     scorer = RewardModelScorer(CharCount(own, tiny_tokenizer), tokenizer=own)
-    trainer = PPOTrainer(
+    trainer = RLTrainer(
         _ppo_config(tmp_path),
         tiny_lm(tiny_tokenizer),
         tiny_tokenizer,
@@ -200,13 +200,13 @@ def test_ppo_refuses_a_critic_from_a_reward_model_with_another_tokenizer(
         reward_model=str(char_reward_dir),
         reward_functions=[],
     )
-    message = r"PPOConfig.reward_model = .*tokenizer is not the policy's.*critic_model .*value_head"
+    message = r"RLConfig.reward_model = .*tokenizer is not the policy's.*critic_model .*value_head"
     with pytest.raises(UsageError, match=message):
-        PPOTrainer.from_config(config)  # at start-up, before any model is loaded
+        RLTrainer.from_config(config)  # at start-up, before any model is loaded
     assert replace(config, critic="value_head").critic_start(tiny_tokenizer) is None
     fixed = replace(config, critic_model=str(tiny_model_dir))  # the critic starts from the policy
     assert fixed.critic_start(tiny_tokenizer) == str(tiny_model_dir)
-    trainer = PPOTrainer.from_config(fixed)
+    trainer = RLTrainer.from_config(fixed)
     assert trainer.scorer.tokenizer is not None  # the reward model still scores, from the texts
 
 

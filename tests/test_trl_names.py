@@ -33,8 +33,8 @@ TRL_CLASSES = [
     ("trl/trainer/dpo_config.py", "DPOConfig", ("dpo",)),
     ("trl/trainer/grpo_config.py", "GRPOConfig", ("grpo",)),
     ("trl/trainer/rloo_config.py", "RLOOConfig", ("rloo",)),
-    ("trl/experimental/ppo/ppo_config.py", "PPOConfig", ("ppo",)),
-    ("trl/trainer/ppo_config.py", "PPOConfig", ("ppo",)),  # before TRL 0.26
+    ("trl/experimental/ppo/ppo_config.py", "RLConfig", ("ppo",)),
+    ("trl/trainer/ppo_config.py", "RLConfig", ("ppo",)),  # before TRL 0.26
     ("trl/trainer/base_config.py", "_BaseConfig", trl_names.STAGES),
     ("trl/trainer/model_config.py", "ModelConfig", trl_names.STAGES),
     ("trl/scripts/utils.py", "ScriptArguments", trl_names.STAGES),

@@ -33,9 +33,9 @@ from rlhfkit.models.loading import RewardModel
 from rlhfkit.models.passes import response_logprobs, sequence_inputs
 from rlhfkit.trainers.dpo import DPOPair, DPOTrainer
 from rlhfkit.trainers.dpo_config import DPOConfig
-from rlhfkit.trainers.grpo_config import GRPOConfig
 from rlhfkit.trainers.ppo_update import policy_loss
 from rlhfkit.trainers.reward import RewardTrainer
+from rlhfkit.trainers.rl_config import RLConfig
 
 SOURCES_ENV = "RLHFKIT_TRL_SOURCES"
 
@@ -366,7 +366,8 @@ def grpo_loss_and_grads(
     level: str = "token",
 ):
     """Ours on `grpo_batch`: the loss of GRPO's update (``ppo_update.policy_loss`` with the
-    settings of the ``GRPOConfig`` of these options, the KL coefficient its beta) on a
+    settings of the GRPO preset's ``RLConfig`` with these options, the KL coefficient its
+    kl_coef) on a
     ``Rollout`` of the batch; the loss, the gradients and the loss's statistics.
 
     `loss_type` is TRL's: its ``loss_aggregation`` is ours. With `ratio_weighted_kl` the k3
@@ -377,10 +378,10 @@ def grpo_loss_and_grads(
     detached); at more it keeps the sampling policy's log-probs, read here from models/old as
     ``ExperienceMaker`` reads the policy's (no gradient, the sampling temperature).
     """
-    config = GRPOConfig(
-        model="unused", output_dir=str(models / "unused"), reward_functions=["m:f"],
-        loss_aggregation=TRL_LOSS_AGGREGATION[loss_type], beta=batch["beta"],
-        clip_range=batch["clip"], clip_range_high=clip_high, num_iterations=iterations,
+    config = RLConfig.preset(
+        "grpo", model="unused", output_dir=str(models / "unused"), reward_functions=["m:f"],
+        loss_aggregation=TRL_LOSS_AGGREGATION[loss_type], kl_coef=batch["beta"],
+        clip_range=batch["clip"], clip_range_high=clip_high, ppo_epochs=iterations,
         kl_importance_weight=ratio_weighted_kl, max_new_tokens=batch["max_new_tokens"],
         importance_sampling_level=level, cpu=True, report_to=[], resume=False,
     )  # fmt: skip
@@ -396,7 +397,7 @@ def grpo_loss_and_grads(
         with torch.no_grad():
             return response_logprobs(model, inputs, response, settings.temperature).logprobs
 
-    old = logprobs_of("old") if config.rollout_settings.policy_pass else None
+    old = logprobs_of("old") if config.rollout_settings(1).policy_pass else None
     advantages = torch.tensor(batch["advantages"])[:, None].expand(response.shape)
     zeros = torch.zeros(len(query))  # the fields the loss does not read: zeros, None, []
     rollout = Rollout(

@@ -14,9 +14,8 @@ from rlhfkit.experience.scorer_loading import build_scorer
 from rlhfkit.models.loading import RewardModel, load_causal_lm, load_tokenizer
 from rlhfkit.trainers.dpo import run_dpo
 from rlhfkit.trainers.dpo_config import DPOConfig
-from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.ppo_config import PPOConfig
 from rlhfkit.trainers.reward import run_reward
+from rlhfkit.trainers.rl_config import RLConfig
 from rlhfkit.trainers.sft import run_sft
 
 CONFIGURATION = """from transformers import GPT2Config
@@ -86,7 +85,7 @@ def test_the_rl_stages_loaders_pass_it_on(custom_model_dir, tiny_tokenizer):
     assert build_scorer(None, spec, tokenizer=tiny_tokenizer, trust_remote_code=True)
 
 
-@pytest.mark.parametrize("cls", [SFTConfig, RewardConfig, DPOConfig, PPOConfig, GRPOConfig])
+@pytest.mark.parametrize("cls", [SFTConfig, RewardConfig, DPOConfig, RLConfig])
 def test_every_stage_has_the_option_off_by_default_and_says_so(cls):
     assert cls.trust_remote_code is False
     helps = {a.dest: a.help for a in config_parser(cls)._actions}

@@ -8,9 +8,9 @@ per second inside generation, peak CUDA memory and MFU, next to ``trl_bench.py``
 Workloads (one iteration each; sizes in ``workloads.FULL``): PPO 64 prompts x 128 new tokens,
 4 epochs x 4 minibatches of 16, separate critic initialised from the reward model, frozen
 reference; GRPO 16 prompts x 8 generations x 256 new tokens, one optimiser step, digit reward,
-k3 KL term (beta 0.04) against a reference; DPO 16 pairs of 512-token rows; SFT 16 rows of 512
-tokens. The real trainers run: ``PPOTrainer.step()`` for PPO, and for GRPO, DPO and SFT the
-shared loop's optimiser step (``Trainer.train_step``, the body of ``train()`` without its
+k3 KL term (kl_coef 0.04, TRL's beta) against a reference; DPO 16 pairs of 512-token rows;
+SFT 16 rows of 512 tokens. The real trainers run: ``RLTrainer.step()`` for PPO, and for GRPO
+(``RLTrainer`` too, the grpo preset), DPO and SFT the shared loop's optimiser step (``Trainer.train_step``, the body of ``train()`` without its
 checkpoint, final evaluation and plots, which would cost seconds and disk for nothing here).
 Each iteration is timed between CUDA synchronisations; the median leaves out the warm-up.
 
@@ -119,8 +119,8 @@ def response_length(output, args, kwargs) -> float:
 def run_ppo(w: wl.Workload, assets: Path, args, out: str):
     import rlhfkit.experience.rollout
     from rlhfkit.models.loading import RewardModel, ValueModel, load_causal_lm
-    from rlhfkit.trainers.ppo import PPOTrainer
-    from rlhfkit.trainers.ppo_config import PPOConfig
+    from rlhfkit.trainers.rl import RLTrainer
+    from rlhfkit.trainers.rl_config import RLConfig
 
     policy = load_causal_lm(assets / "policy")
     reference = load_causal_lm(assets / "policy")
@@ -131,7 +131,8 @@ def run_ppo(w: wl.Workload, assets: Path, args, out: str):
         scored_head_from_seqcls(assets / "reward_model", RewardModel).eval().requires_grad_(False)
     )
     prompts = [r["input_ids"] for r in wl.read_jsonl(assets / "prompts.jsonl")]
-    config = PPOConfig(
+    config = RLConfig.preset(
+        "ppo",
         model="in-memory",
         train_data="in-memory",
         reward_model="in-memory",
@@ -147,7 +148,7 @@ def run_ppo(w: wl.Workload, assets: Path, args, out: str):
         **common_fields(w, args, out),
     )
     started = time.perf_counter()
-    trainer = PPOTrainer(
+    trainer = RLTrainer(
         config,
         policy,
         tokenizer,
@@ -174,27 +175,29 @@ def run_grpo(w: wl.Workload, assets: Path, args, out: str):
     from accelerate.utils import set_seed
 
     import rlhfkit.experience.rollout
-    import rlhfkit.trainers.grpo as grpo
     from rlhfkit.experience.scorers import FunctionScorer
     from rlhfkit.models.loading import load_causal_lm
-    from rlhfkit.trainers.grpo_config import GRPOConfig
+    from rlhfkit.trainers.rl import RLTrainer
+    from rlhfkit.trainers.rl_config import RLConfig
 
     policy = load_causal_lm(assets / "policy")
     reference = load_causal_lm(assets / "policy")
     tokenizer = no_eos_tokenizer(assets / "tokenizer", policy.config.vocab_size)
     admit_no_eos_token()
     prompts = [r["input_ids"] for r in wl.read_jsonl(assets / "prompts.jsonl")]
-    config = GRPOConfig(
+    config = RLConfig.preset(
+        "grpo",
         model="in-memory",
         train_data="in-memory",
         reward_functions=["workloads:digit_reward"],  # the scorer below is this function
         eval_data=None,
-        batch_size=w.batch,
+        rollout_batch_size=w.batch,
         num_generations=w.generations,
+        batch_size=w.batch * w.generations,  # one optimiser step an iteration
         max_new_tokens=w.new_tokens,
         max_steps=w.iterations,
         temperature=1.0,
-        beta=0.04,
+        kl_coef=0.04,
         log_every=1,
         sample_every=10**6,
         resume=False,
@@ -203,7 +206,7 @@ def run_grpo(w: wl.Workload, assets: Path, args, out: str):
     )
     scorer = FunctionScorer(lambda prompts, responses: wl.digit_reward(responses), name="digits")
     started = time.perf_counter()
-    trainer = grpo.GRPOTrainer(config, policy, tokenizer, prompts, scorer, reference=reference)
+    trainer = RLTrainer(config, policy, tokenizer, prompts, scorer, reference=reference)
     init = time.perf_counter() - started
     timer = wl.GenerationTimer(rlhfkit.experience.rollout.generate, response_length)
     rlhfkit.experience.rollout.generate = timer

@@ -64,6 +64,9 @@ class Command:
     """Other names for the command."""
     distributed: bool = False
     """Whether it runs as one of several processes under a launcher (the training stages)."""
+    preset: str | None = None
+    """The preset of its config's defaults (`RLConfig.preset`: the RL commands are one config
+    with each algorithm's defaults)."""
     light: bool = False
     """Whether it runs without the ML libraries (a server of a SQLite file): its options are
     parsed without `rlhfkit.config` (which imports torch), so it starts at once and stays
@@ -85,10 +88,11 @@ COMMANDS: dict[str, Command] = {
         distributed=True,
     ),
     "ppo": Command(
-        "rlhfkit.trainers.ppo_config:PPOConfig",
-        "rlhfkit.trainers.ppo:run_ppo",
+        "rlhfkit.trainers.rl_config:RLConfig",
+        "rlhfkit.trainers.rl:run_rl",
         "PPO against the reward model with a KL penalty to the SFT model (InstructGPT step 3)",
         distributed=True,
+        preset="ppo",
     ),
     "chat": Command(
         "rlhfkit.interact.chat:ChatConfig",
@@ -122,22 +126,31 @@ COMMANDS: dict[str, Command] = {
         distributed=True,
     ),
     "grpo": Command(
-        "rlhfkit.trainers.grpo_config:GRPOConfig",
-        "rlhfkit.trainers.grpo:run_grpo",
-        "critic-free RL with group-relative advantages (GRPO, Dr. GRPO)",
+        "rlhfkit.trainers.rl_config:RLConfig",
+        "rlhfkit.trainers.rl:run_rl",
+        "RL without a critic, group-relative advantages (GRPO, Dr. GRPO, DAPO, GSPO)",
         distributed=True,
+        preset="grpo",
     ),
     "rloo": Command(
-        "rlhfkit.trainers.grpo_config:RLOOConfig",
-        "rlhfkit.trainers.grpo:run_grpo",
-        "critic-free RL with the leave-one-out baseline (RLOO)",
+        "rlhfkit.trainers.rl_config:RLConfig",
+        "rlhfkit.trainers.rl:run_rl",
+        "RL without a critic, the leave-one-out baseline (RLOO)",
         distributed=True,
+        preset="rloo",
+    ),
+    "reinforce++": Command(
+        "rlhfkit.trainers.rl_config:RLConfig",
+        "rlhfkit.trainers.rl:run_rl",
+        "RL without a critic, whitened returns with the KL per token (REINFORCE++)",
+        distributed=True,
+        preset="reinforce++",
     ),
     "export": Command(
         "rlhfkit.trainers.export:CheckpointExportConfig",
         "rlhfkit.trainers.export:run_checkpoint_export",
-        "a PPO, GRPO or RLOO checkpoint as a model directory (keep the step before the reward "
-        "model was over-optimised)",
+        "an RL run's checkpoint as a model directory (keep the step before the reward model "
+        "was over-optimised)",
     ),
     "bon": Command(
         "rlhfkit.interact.sampling:BestOfNConfig",
@@ -336,7 +349,8 @@ def parse_command(name: str, args: Sequence[str]) -> tuple[Command, Any]:
 
     config_cls = _load(command.config)
     _refuse_other_spellings(name, args, {f.name for f in dataclasses.fields(config_cls)})
-    parser = config_parser(config_cls, prog=f"rlhfkit {name}")
+    defaults = config_cls.preset_defaults(command.preset) if command.preset else None
+    parser = config_parser(config_cls, defaults, prog=f"rlhfkit {name}")
     namespace = parser.parse_args(_lists_of_one(args, _list_fields(config_cls)))
     try:
         config = config_from_namespace(config_cls, namespace)

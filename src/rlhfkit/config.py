@@ -673,8 +673,12 @@ class RewardConfig(DataOptions, LoRAOptions, TrainConfig):
         )
 
 
-def config_parser(cls: type[TrainConfig], **parser_kwargs: Any):
-    """A jsonargparse parser with `--config FILE.yaml` and one `--field` per field of `cls`."""
+def config_parser(
+    cls: type[TrainConfig], defaults: dict[str, Any] | None = None, **parser_kwargs: Any
+):
+    """A jsonargparse parser with `--config FILE.yaml` and one `--field` per field of `cls`,
+    its defaults `cls`'s own but for ``defaults`` (a preset's: `rlhfkit grpo` is `RLConfig`
+    with GRPO's)."""
     from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
     # Field docstrings (the string under each field) become the `--help` texts.
@@ -683,6 +687,8 @@ def config_parser(cls: type[TrainConfig], **parser_kwargs: Any):
     parser = ArgumentParser(description=cls.__doc__, allow_abbrev=False, **parser_kwargs)
     parser.add_argument("--config", action=ActionConfigFile, help="YAML file with field values.")
     parser.add_class_arguments(cls, nested_key=None, fail_untyped=True)
+    if defaults:
+        parser.set_defaults(**defaults)
     return parser
 
 
@@ -693,11 +699,16 @@ def config_from_namespace(cls: type[C], namespace: Any) -> C:
 
 
 def load_config(
-    cls: type[C], path: str | Path | None = None, args: Sequence[str] = (), **overrides: Any
+    cls: type[C],
+    path: str | Path | None = None,
+    args: Sequence[str] = (),
+    defaults: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> C:
-    """`cls` from a YAML file, then command-line style `args`, then keyword `overrides`."""
+    """`cls` from its ``defaults`` (a preset's), a YAML file, then command-line style `args`,
+    then keyword `overrides`."""
     argv = (["--config", str(path)] if path is not None else []) + list(args)
-    namespace = config_parser(cls).parse_args(argv)
+    namespace = config_parser(cls, defaults).parse_args(argv)
     config = config_from_namespace(cls, namespace)
     return dataclasses.replace(config, **overrides) if overrides else config
 
@@ -712,6 +723,16 @@ OLD_NAMES = {
     "tensorboard": ("report_to", "--report_to tensorboard, or --report_to none"),
     "out": ("output", "--output"),
     "iterations": ("max_steps", "--max_steps (the PPO/GRPO iterations, one step each)"),
+    "advantage": ("advantage_estimator", "--advantage_estimator"),
+    "beta": ("kl_coef", "--kl_coef (the KL's weight, in the loss with --kl_in_loss true)"),
+    "kl_in_reward": ("kl_in_loss", "--kl_in_loss false (the KL in the rewards)"),
+    "num_iterations": ("ppo_epochs", "--ppo_epochs (passes over each iteration's experience)"),
+    "steps_per_generation": (
+        "rollout_batch_size",
+        "--rollout_batch_size (prompts per iteration; its optimiser steps per pass are "
+        "rollout_batch_size x num_generations / (batch_size x gradient_accumulation_steps x "
+        "processes))",
+    ),
 }
 """rlhfkit's own former names of options -> (our field, what to write); refused as TRL's are."""
 

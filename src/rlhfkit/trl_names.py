@@ -137,7 +137,8 @@ _OWN_DECODING = missing(
     "transformers' generate"
 )
 _ENTROPY_BONUS = missing(
-    "GRPO and RLOO have no entropy bonus (PPO has --entropy_coef); the entropy is logged"
+    "the entropy bonus has a fixed weight (--entropy_coef), no adaptive schedule; the "
+    "entropy is logged"
 )
 _OTHER_GRPO_LOSSES = missing(
     "only the clipped objective is implemented (--loss_aggregation sets how it is averaged)"
@@ -529,13 +530,16 @@ _ONLINE: dict[str, Answer] = {
     "pad_to_multiple_of": missing(
         "the passes over prompt + response pack the rows without padding (--padding_free)"
     ),
-    "generation_batch_size": missing(
-        "an iteration samples --steps_per_generation x --gradient_accumulation_steps "
-        "micro-batches, each --batch_size prompts x --num_generations responses"
+    "generation_batch_size": ours(
+        "rollout_batch_size",
+        note="prompts per iteration over all processes, each answered --num_generations "
+        "times (TRL counts completions); --generation_prompts here is the prompts sampled "
+        "together on a process",
     ),
-    "steps_per_generation": same(
-        "optimiser steps per sampled batch, 1 by default (TRL's default is "
-        "gradient_accumulation_steps); the later steps learn off-policy and the clip acts"
+    "steps_per_generation": missing(
+        "derived: an iteration's optimiser steps per pass are rollout_batch_size x "
+        "num_generations / (batch_size x gradient_accumulation_steps x processes); the later "
+        "steps learn off-policy and the clip acts"
     ),
     "temperature": SAME,
     "top_p": same("keep 1 for RL: the log-probs ignore the filter"),
@@ -563,11 +567,17 @@ _ONLINE: dict[str, Answer] = {
     "vllm_gpu_memory_utilization": _VLLM,
     "vllm_max_model_length": _VLLM,
     "vllm_tensor_parallel_size": _VLLM,
-    "beta": same("the weight of the k3 KL term in the loss, 0.04 by default; 0 loads no reference"),
-    "num_iterations": same("passes of the update over each sampled batch, 1 by default"),
+    "beta": ours(
+        "kl_coef",
+        note="the weight of the k3 KL term in the loss (--kl_in_loss true), 0.04 by default; "
+        "0 loads no reference",
+    ),
+    "num_iterations": ours(
+        "ppo_epochs", note="passes of the update over each iteration's experience, 1 by default"
+    ),
     "epsilon": ours("clip_range"),
     "epsilon_high": ours(
-        "clip_range_high", note="acts with --num_iterations or --steps_per_generation above 1"
+        "clip_range_high", note="acts with more than one optimiser step per iteration"
     ),
     "reward_weights": same("one weight per scorer: [reward_model, *reward_functions]"),
     "mask_truncated_completions": same(
@@ -588,14 +598,11 @@ _ONLINE: dict[str, Answer] = {
     "transformers_continuous_batching_config": _OWN_DECODING,
     "use_transformers_paged": _OWN_DECODING,
     "per_device_train_batch_size": ours(
-        "batch_size",
-        note="prompts per micro-batch here, each "
-        "answered --num_generations times; TRL counts "
-        "completions",
+        "batch_size", note="completions (prompt + response) per micro-batch of the update"
     ),
 }
 """The options TRL's ``GRPOConfig`` and ``RLOOConfig`` share, and the shared option whose
-meaning differs there (``per_device_train_batch_size``)."""
+name differs here (``per_device_train_batch_size``)."""
 
 GRPO_CONFIG: dict[str, Answer] = {
     **_ONLINE,
@@ -608,7 +615,7 @@ GRPO_CONFIG: dict[str, Answer] = {
     "vespo_k_neg": _OTHER_GRPO_LOSSES,
     "vespo_lambda_neg": _OTHER_GRPO_LOSSES,
     "importance_sampling_level": same(
-        "'token' or 'sequence' (GSPO); acts with --num_iterations or --steps_per_generation above 1"
+        "'token' or 'sequence' (GSPO); acts with more than one optimiser step per iteration"
     ),
     "multi_objective_aggregation": missing(
         "scores are summed with --reward_weights, then normalised (TRL's sum_then_normalize)"
@@ -624,7 +631,7 @@ GRPO_CONFIG: dict[str, Answer] = {
         "the clipped objective only (no 'cispo', 'sapo', 'vespo')",
     ),
     "top_entropy_quantile": missing("every response token counts in the loss"),
-    "entropy_coef": _ENTROPY_BONUS,
+    "entropy_coef": same("a fixed weight, 0 by default"),
     "use_adaptive_entropy": _ENTROPY_BONUS,
     "entropy_coef_min": _ENTROPY_BONUS,
     "entropy_coef_max": _ENTROPY_BONUS,
@@ -652,9 +659,8 @@ GRPO_CONFIG: dict[str, Answer] = {
 
 RLOO_CONFIG: dict[str, Answer] = {
     **_ONLINE,
-    "normalize_advantages": missing(
-        "RLOO's advantages are not normalised over the batch; "
-        "--score_normalize standardize normalises the scores"
+    "normalize_advantages": ours(
+        "whiten_advantages", note="over each generation batch (--generation_prompts)"
     ),
     "reward_clip_range": ours(
         "score_clip", note="one bound: scores are clipped to [-score_clip, score_clip]"
@@ -788,15 +794,18 @@ OLDER_RLOO: dict[str, Answer] = {
     "rloo_k": ours("num_generations"),
     "exp_name": missing("a run is named after --output_dir"),
     "reward_model_path": ours("reward_model"),
-    "num_ppo_epochs": ours("num_iterations"),
+    "num_ppo_epochs": ours("ppo_epochs"),
     "whiten_rewards": missing(
         "--score_normalize standardize normalises the scores by running statistics"
     ),
-    "kl_coef": ours("beta", note="the weight of the k3 KL term in the loss"),
+    "kl_coef": same("the weight of the k3 KL term in the loss (--kl_in_loss true)"),
     "cliprange": ours("clip_range"),
     "normalize_reward": ours("score_normalize", "standardize", "running statistics"),
-    "normalize_advantage": missing("RLOO's advantages are not normalised over the batch"),
-    "token_level_kl": missing("the KL is a k3 term per token in the loss (--beta)"),
+    "normalize_advantage": ours("whiten_advantages"),
+    "token_level_kl": missing(
+        "the KL is a k3 term per token in the loss (--kl_in_loss true), or with --kl_in_loss "
+        "false each response's summed KL less its score before the baseline"
+    ),
 }
 """Names of TRL 0.19's ``RLOOConfig`` that later releases dropped."""
 

@@ -70,6 +70,16 @@ class PromptColumns:
         """Each row ``k`` times in a row, as ``repeat_interleave`` lays out a group's samples."""
         return self.select([i for i in range(len(self)) for _ in range(k)])
 
+    @classmethod
+    def concat(cls, parts: Sequence[PromptColumns]) -> PromptColumns:
+        """The rows of ``parts`` one after another (None where a part lacks a column)."""
+        names = dict.fromkeys(name for part in parts for name in part.columns)
+        columns = {
+            name: [v for part in parts for v in part.columns.get(name, [None] * len(part))]
+            for name in names
+        }
+        return cls([prompt for part in parts for prompt in part.prompts], columns)
+
 
 @dataclass(frozen=True)
 class PromptCollator:

@@ -145,6 +145,35 @@ class Rollout:
                 picked[name] = picked[name][:, :end]
         return Rollout(**picked)
 
+    @classmethod
+    def concat(cls, rollouts: list[Rollout], pad_id: int) -> Rollout:
+        """The rows of ``rollouts`` one after another (generation batches of one iteration):
+        queries left-padded and responses right-padded to the widest, ids with ``pad_id``,
+        the other per-token tensors with 0 (masked out everywhere they are read)."""
+        if len(rollouts) == 1:
+            return rollouts[0]
+        joined: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            parts = [getattr(r, f.name) for r in rollouts]
+            if f.name == "timings":
+                joined[f.name] = {k: sum(p.get(k, 0.0) for p in parts) for k in parts[0]}
+            elif f.name == "kept":
+                joined[f.name] = _kept_rows(parts, rollouts)
+            elif f.name == "score_parts":
+                joined[f.name] = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            elif f.name == "prompt_columns":
+                joined[f.name] = None if parts[0] is None else PromptColumns.concat(parts)
+            elif isinstance(parts[0], list):
+                joined[f.name] = [item for part in parts for item in part]
+            elif parts[0] is None:
+                joined[f.name] = None
+            elif f.name in _QUERY_FIELDS or f.name in _RESPONSE_FIELDS:
+                fill = pad_id if f.name in ("query", "response") else 0
+                joined[f.name] = _padded_cat(parts, fill, left=f.name in _QUERY_FIELDS)
+            else:
+                joined[f.name] = torch.cat(parts)
+        return cls(**joined)
+
     def check_finite(self) -> None:
         """A `NonFiniteError` naming the first of the numbers PPO learns from that is NaN or
         inf: the scores, then the per-token tensors at real response tokens (padding may hold
@@ -153,6 +182,26 @@ class Rollout:
         for name in _CHECKED_FIELDS:
             if getattr(self, name) is not None:
                 require_finite_values(f"rollout {name}", getattr(self, name), self.response_mask)
+
+
+def _kept_rows(parts: list[torch.Tensor | None], rollouts: list[Rollout]) -> torch.Tensor | None:
+    """The ``kept`` rows of rollouts joined: None if every part keeps every row."""
+    if all(part is None for part in parts):
+        return None
+    every = [torch.ones(len(r), dtype=torch.bool, device=r.query.device) for r in rollouts]
+    return torch.cat([e if p is None else p for p, e in zip(parts, every, strict=True)])
+
+
+def _padded_cat(parts: list[torch.Tensor], fill: float, left: bool) -> torch.Tensor:
+    """(B_i, T_i) tensors as one (sum B_i, max T_i), each padded with ``fill`` on the left
+    (queries) or the right (responses)."""
+    width = max(part.shape[1] for part in parts)
+    padded = []
+    for part in parts:
+        extra = width - part.shape[1]
+        padding = (extra, 0) if left else (0, extra)
+        padded.append(torch.nn.functional.pad(part, padding, value=fill))
+    return torch.cat(padded)
 
 
 def require_finite_values(
@@ -271,15 +320,17 @@ def load_rollout_models(
     tokenizer,
     *,
     critic: str | None,
+    value_head: bool = False,
     reference: str | None = None,
+    has_reference: bool = True,
     lora: dict | None = None,
     trust_remote_code: bool = False,
 ) -> RolloutModels:
-    """Policy from ``model``, frozen reference from ``reference`` (None: ``model`` too); the
-    critic as a separate ``ValueModel`` from the checkpoint ``critic`` or, with ``critic=None``,
-    a value head on the policy. Each gets a row for every id of ``tokenizer``
-    (``match_vocabulary``): the critic reads the policy's ids, the pad a tokenizer without one
-    gained included.
+    """Policy from ``model``, frozen reference from ``reference`` (None: ``model`` too; none
+    at all without ``has_reference``); the critic as a separate ``ValueModel`` from the
+    checkpoint ``critic``, or with ``value_head`` a value head on the policy, or neither. Each
+    gets a row for every id of ``tokenizer`` (``match_vocabulary``): the critic reads the
+    policy's ids, the pad a tokenizer without one gained included.
 
     With ``lora`` (``add_lora`` arguments) policy and critic get adapters and the reference is
     the policy with its adapter disabled (``reference=None``), never a second copy.
@@ -287,7 +338,9 @@ def load_rollout_models(
     """
     loading = {"tokenizer": tokenizer, "trust_remote_code": trust_remote_code}
     policy = load_causal_lm(model, **loading)
-    reference_model = None if lora else freeze(load_causal_lm(reference or model, **loading))
+    reference_model = None
+    if has_reference and not lora:
+        reference_model = freeze(load_causal_lm(reference or model, **loading))
     if lora:
         policy = add_lora(policy, **lora)
     value_model = None
@@ -295,9 +348,9 @@ def load_rollout_models(
         value_model = ValueModel.from_pretrained(critic, **loading)
         if lora:
             value_model = add_lora(value_model, **lora)
-    else:
+    elif value_head:
         policy = ValueHeadLM(policy)
-    return RolloutModels(policy, reference_model, value_model)
+    return RolloutModels(policy, reference_model, value_model, has_reference)
 
 
 def _policy_pass(

@@ -20,7 +20,7 @@ of batch as in a PPO rollout. ``prompt_records()`` and ``as_scorer()`` hand the 
 prompts and reward to PPO / GRPO::
 
     prompts, _ = encode_prompts(env.prompt_records(), tokenizer, max_prompt_length)
-    PPOTrainer(..., prompts=prompts, scorer=env.as_scorer())
+    RLTrainer(..., prompts=prompts, scorer=env.as_scorer())
 
 ``LMAgent`` is the policy side, split as in the user's own environment: ``generate(prompt)``
 renders the conversation and decodes the answer; ``_generate(input_ids, attention_mask)`` maps

@@ -25,8 +25,7 @@ from rlhfkit.config import (
 from rlhfkit.evaluation.evaluate import EvalConfig
 from rlhfkit.tasks import BASE_MODEL_DIR, DEMO_DATA_DIR, REWARD_FUNCTIONS
 from rlhfkit.trainers.dpo_config import DPOConfig
-from rlhfkit.trainers.grpo_config import GRPOConfig
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 @dataclass
@@ -108,17 +107,18 @@ class PipelineConfig:
     round_reward: dict[str, Any] = field(default_factory=dict)
     """`RewardConfig` fields for the reward models of rounds >= 2, over those of `reward`."""
     round_ppo: dict[str, Any] = field(default_factory=dict)
-    """`PPOConfig` fields for the PPO of rounds >= 2, over those of `ppo`."""
+    """`RLConfig` fields (`rlhfkit ppo --help`) for the PPO of rounds >= 2, over those of
+    `ppo`."""
     sft: dict[str, Any] = field(default_factory=dict)
     """`SFTConfig` fields (`rlhfkit sft --help`) to set, beside those the pipeline derives."""
     reward: dict[str, Any] = field(default_factory=dict)
     """`RewardConfig` fields (`rlhfkit rm --help`)."""
     ppo: dict[str, Any] = field(default_factory=dict)
-    """`PPOConfig` fields (`rlhfkit ppo --help`)."""
+    """`RLConfig` fields over the PPO preset's defaults (`rlhfkit ppo --help`)."""
     dpo: dict[str, Any] = field(default_factory=dict)
     """`DPOConfig` fields (`rlhfkit dpo --help`)."""
     grpo: dict[str, Any] | None = None
-    """`GRPOConfig` fields (`rlhfkit grpo --help`) of a GRPO arm from the SFT model, trained on
+    """`RLConfig` fields over the GRPO preset's defaults (`rlhfkit grpo --help`) of a GRPO arm from the SFT model, trained on
     the task's gold judge as its reward function unless `reward_functions` says otherwise:
     reinforcement learning from a verifiable reward (RLVR) beside RLHF. Its evaluation's gold
     score is then its own training reward, not an independent judge. None = no GRPO arm."""
@@ -180,12 +180,12 @@ class Stages:
 
     sft: SFTConfig
     reward: RewardConfig
-    ppo: PPOConfig
+    ppo: RLConfig
     dpo: DPOConfig
     eval: EvalConfig
     rounds: list[RoundStages] = field(default_factory=list)
     """Rounds 2.. of iterated RLHF (``PipelineConfig.rounds``); round 1 is reward and ppo."""
-    grpo: GRPOConfig | None = None
+    grpo: RLConfig | None = None
     """The GRPO arm (``PipelineConfig.grpo``), None without one."""
 
 
@@ -203,16 +203,24 @@ class RoundStages:
     policy_init: str | None
     """Weights this round's PPO policy starts from, None = the SFT model (its reference)."""
     reward: RewardConfig
-    ppo: PPOConfig
+    ppo: RLConfig
 
     def path(self, part: str) -> Path:
         return self.dir / part
 
 
-def _build(cls: type, section: str, overrides: dict[str, Any], **derived: Any):
-    """``cls`` from the pipeline-derived values, then the user's, type-checked by jsonargparse."""
+def _build(
+    cls: type,
+    section: str,
+    overrides: dict[str, Any],
+    preset: str | None = None,
+    **derived: Any,
+):
+    """``cls`` from its ``preset``'s defaults (an RL stage's), the pipeline-derived values,
+    then the user's, type-checked by jsonargparse."""
     check_section_keys(cls, section, list(overrides))
-    parser = config_parser(cls, exit_on_error=False)
+    defaults = cls.preset_defaults(preset) if preset else None
+    parser = config_parser(cls, defaults, exit_on_error=False)
     try:
         namespace = parser.parse_object({**derived, **overrides})
         return config_from_namespace(cls, namespace)
@@ -249,9 +257,10 @@ def stage_configs(config: PipelineConfig) -> Stages:
         **split,
     )
     ppo = _build(
-        PPOConfig,
+        RLConfig,
         "ppo",
         config.ppo,
+        "ppo",
         model=sft_final,
         reward_model=str(reward.final_dir),
         output_dir=str(run / "ppo"),
@@ -281,14 +290,15 @@ def _critic_start(config: PipelineConfig, sft_final: str) -> dict[str, str]:
     return {"critic_model": sft_final} if config.ppo_critic_init == "sft" else {}
 
 
-def _grpo_config(config: PipelineConfig, sft_final: str, split: dict) -> GRPOConfig | None:
+def _grpo_config(config: PipelineConfig, sft_final: str, split: dict) -> RLConfig | None:
     """The GRPO arm: from the SFT model, on the task's gold judge, on PPO's prompts."""
     if config.grpo is None:
         return None
     return _build(
-        GRPOConfig,
+        RLConfig,
         "grpo",
         config.grpo,
+        "grpo",
         model=sft_final,
         output_dir=str(config.run_dir / "grpo"),
         reward_model=None,
@@ -300,7 +310,7 @@ def _grpo_config(config: PipelineConfig, sft_final: str, split: dict) -> GRPOCon
 
 
 def _round_stages(
-    config: PipelineConfig, sft: SFTConfig, reward: RewardConfig, ppo: PPOConfig
+    config: PipelineConfig, sft: SFTConfig, reward: RewardConfig, ppo: RLConfig
 ) -> list[RoundStages]:
     """Rounds 2..``config.rounds``: each one's reward model and PPO, reading the round before."""
     if config.round_policy_init == "previous" and {**config.ppo, **config.round_ppo}.get("lora"):
@@ -329,9 +339,10 @@ def _round_stages(
             **split,
         )
         round_ppo = _build(
-            PPOConfig,
+            RLConfig,
             "round_ppo",
             {**config.ppo, **config.round_ppo},
+            "ppo",
             model=sft_final,
             reward_model=str(round_reward.final_dir),
             output_dir=str(where / "ppo"),
@@ -351,9 +362,9 @@ def _eval_config(
     base: str,
     sft: SFTConfig,
     reward: RewardConfig,
-    ppo: PPOConfig,
+    ppo: RLConfig,
     dpo: DPOConfig,
-    grpo: GRPOConfig | None,
+    grpo: RLConfig | None,
     rounds: list[RoundStages],
 ) -> EvalConfig:
     """The evaluation of every model the pipeline trained, sampled as PPO sampled (the

@@ -1,7 +1,7 @@
 """PPO as the pipeline runs it: in slices of ``ppo_eval_every`` iterations, with the policy
 evaluated on held-out prompts after each (gold score, reward-model score, KL to the SFT
 model): the over-optimisation picture of Gao et al. 2022. The slices use
-``PPOTrainer.train(stop_after=...)``, which checkpoints at the end of each slice and resumes
+``RLTrainer.train(stop_after=...)``, which checkpoints at the end of each slice and resumes
 exactly, so the evaluation points do not change the training trajectory. Round 1 of the
 pipeline and every later round of iterated RLHF (``rounds.py``) train PPO this way.
 """
@@ -17,7 +17,7 @@ from rlhfkit.evaluation.evaluate import EvalConfig
 from rlhfkit.evaluation.measures import evaluate_policy, gold_scorer, standard_error
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.tracking import Tracker, format_metrics, read_jsonl
-from rlhfkit.trainers.ppo_config import PPOConfig
+from rlhfkit.trainers.rl_config import RLConfig
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ PPO_EVAL_DIR = "ppo_eval"
 
 
 def train_ppo(
-    ppo: PPOConfig,
+    ppo: RLConfig,
     ev: EvalConfig,
     *,
     eval_every: int,
@@ -38,9 +38,9 @@ def train_ppo(
     logged to ``eval_dir``. ``init_policy``: a causal LM whose weights the policy starts from
     instead of ``ppo.model``, which stays the KL reference (taken only on a fresh start: a
     resumed run has its own weights in its checkpoint)."""
-    from rlhfkit.trainers.ppo import PPOTrainer
+    from rlhfkit.trainers.rl import RLTrainer
 
-    trainer = PPOTrainer.from_config(ppo)
+    trainer = RLTrainer.from_config(ppo)
     fresh = not ppo.resume or ckpt.latest_checkpoint(ppo.output_dir) is None
     if fresh and init_policy is not None:
         _load_policy_weights(trainer, init_policy)

@@ -30,9 +30,9 @@ def run_dpo_stage(config: PipelineConfig, stages: Stages) -> None:
 
 
 def run_grpo_stage(config: PipelineConfig, stages: Stages) -> None:
-    from rlhfkit.trainers.grpo import run_grpo
+    from rlhfkit.trainers.rl import run_rl
 
-    run_grpo(stages.grpo)
+    run_rl(stages.grpo)
 
 
 def run_ppo_stage(config: PipelineConfig, stages: Stages) -> None:

@@ -4,11 +4,11 @@
 - `checkpoint`: pickle-free checkpoint files (safetensors + JSON), RNG states, rotation.
 - `sft`: supervised fine-tuning (`SFTTrainer`, `run_sft`).
 - `reward`: reward model on pairs and K-way rankings (`RewardTrainer`, `run_reward`).
-- `ppo`, `ppo_config`: InstructGPT's PPO step (`PPOTrainer`, `run_ppo`, `PPOConfig`).
+- `rl`, `rl_config`: the one RL stage, PPO, GRPO, RLOO and REINFORCE++ as presets of one
+  config (`RLTrainer`, `run_rl`, `RLConfig`); `ppo_update` its update, `rl_inputs` its data.
 - `policy`: the base of the trainers that move a policy away from a frozen reference
   (`PolicyTrainer`: dropout off, LoRA, the reference, LoRA checkpoints).
 - `dpo`: DPO, IPO and cDPO (`DPOTrainer`, `run_dpo`).
-- `grpo`: GRPO and RLOO (`GRPOTrainer`, `run_grpo`).
 
 Names are imported lazily, so `import rlhfkit.trainers.loop` does not load every stage.
 """
@@ -25,14 +25,12 @@ _EXPORTS = {
     "run_sft": "sft",
     "RewardTrainer": "reward",
     "run_reward": "reward",
-    "PPOConfig": "ppo_config",
-    "PPOTrainer": "ppo",
-    "run_ppo": "ppo",
+    "RLConfig": "rl_config",
+    "RLTrainer": "rl",
+    "run_rl": "rl",
     "PolicyTrainer": "policy",
     "DPOTrainer": "dpo",
     "run_dpo": "dpo",
-    "GRPOTrainer": "grpo",
-    "run_grpo": "grpo",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,16 +1,17 @@
-"""`rlhfkit export`: a checkpoint of a PPO, GRPO or RLOO run as a model directory.
+"""`rlhfkit export`: a checkpoint of an RL run (PPO, GRPO, RLOO, REINFORCE++) as a model
+directory.
 
 A run's `final/` holds its last step, and the step worth keeping can be an earlier one: the
 pipeline's gold-against-KL points (`pipeline/ppo_eval.py`) show where a policy began to
 over-optimise its reward model, and the checkpoint saved there holds the policy of that step.
-A PPO checkpoint holds only what an exact resume needs (`trainable.safetensors`: the trained
-weights of policy and critic, with the optimiser state beside them), and a LoRA run's only the
-adapter, so neither is a model that `eval`, `chat` or `from_pretrained` reads.
+An RL checkpoint holds only what an exact resume needs (`trainable.safetensors`: the trained
+weights of the policy and critic, a LoRA run's adapters only, with the optimiser state beside
+them), so it is not a model that `eval`, `chat` or `from_pretrained` reads.
 
 This command builds the trainer again from the config the checkpoint saved, loads the
 checkpoint's weights and trainer state into it, and writes the directory as the run writes
 `final/` (`Trainer.write_model_dir`): the policy as its passes computed with (merged, with LoRA)
-and the tokenizer, PPO's critic, and `trainer_state.json` marked complete, with the checkpoint it
+and the tokenizer, the critic, and `trainer_state.json` marked complete, with the checkpoint it
 came from. Written as the run's own `final/` (`--output_dir <run>/final`), it ends the run at that
 step: `rlhfkit ppo` then finds the run finished, and the pipeline goes on with that policy.
 
@@ -35,8 +36,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class CheckpointExportConfig:
-    """Write a checkpoint of a PPO, GRPO or RLOO run as a model directory, as the run would
-    have written `final/` at that step."""
+    """Write a checkpoint of an RL run (ppo, grpo, rloo, reinforce++) as a model directory, as
+    the run would have written `final/` at that step."""
 
     checkpoint: str
     """The checkpoint: a run's `checkpoint-<step>/` directory (runs/x/ppo/checkpoint-24)."""
@@ -85,25 +86,19 @@ def _checkpoint_state(path: Path) -> dict[str, Any]:
 
 def _trainer(path: Path, fields: dict[str, Any]):
     """The trainer of the run that saved checkpoint `path`, built from its config `fields`."""
-    from rlhfkit.trainers.grpo import GRPOTrainer
-    from rlhfkit.trainers.grpo_config import GRPOConfig
-    from rlhfkit.trainers.ppo import PPOTrainer
-    from rlhfkit.trainers.ppo_config import PPOConfig
+    from rlhfkit.trainers.rl import RLTrainer
+    from rlhfkit.trainers.rl_config import RLConfig
 
-    if "critic" in fields:
-        config_class, trainer_class = PPOConfig, PPOTrainer
-    elif "num_generations" in fields:
-        config_class, trainer_class = GRPOConfig, GRPOTrainer
-    else:
+    if "advantage_estimator" not in fields:
         raise UsageError(
-            f"checkpoint {str(path)!r} is not of a PPO, GRPO or RLOO run. SFT, reward-model "
-            "and DPO checkpoints hold the model as `final/` does: give the directory itself "
-            "to `eval`, `chat` or the next stage"
+            f"checkpoint {str(path)!r} is not of an RL run (ppo, grpo, rloo, reinforce++). "
+            "SFT, reward-model and DPO checkpoints hold the model as `final/` does: give the "
+            "directory itself to `eval`, `chat` or the next stage"
         )
-    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(config_class)})
+    unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(RLConfig)})
     if unknown:
         raise UsageError(
             f"checkpoint {str(path)!r}: its config has fields this version of rlhfkit does "
             f"not know ({', '.join(unknown)}); export it with the version that wrote it"
         )
-    return trainer_class.from_config(config_class(**fields))
+    return RLTrainer.from_config(RLConfig(**fields))

@@ -124,12 +124,17 @@ def _first_pass_stats(logprobs: torch.Tensor, logits: torch.Tensor, mb: Rollout)
 def shuffled_minibatches(
     rollout: Rollout, epochs: int, minibatch_size: int, batch_size: int, generator
 ) -> list[Minibatch]:
-    """``epochs`` shuffled passes over ``rollout`` in minibatches of ``minibatch_size`` rows,
-    each a list of micro-batches of ``batch_size`` rows (padding columns trimmed) with their
-    ``token_weights``."""
+    """``epochs`` passes over ``rollout`` in minibatches of ``minibatch_size`` rows, each a
+    list of micro-batches of ``batch_size`` rows (padding columns trimmed) with their
+    ``token_weights``. A pass of several minibatches takes the rows in a fresh random order;
+    one of a single minibatch takes them as they are (the order of its rows changes
+    nothing but rounding)."""
     minibatches = []
     for _ in range(epochs):
-        order = torch.randperm(len(rollout), generator=generator)
+        if len(rollout) > minibatch_size:
+            order = torch.randperm(len(rollout), generator=generator)
+        else:
+            order = torch.arange(len(rollout))
         for minibatch in order.to(rollout.query.device).split(minibatch_size):
             minibatches.append([rollout.select(micro) for micro in minibatch.split(batch_size)])
     return token_weights(minibatches)
@@ -158,14 +163,17 @@ def update_learners(
     a separate critic they run side by side, and the policy's last minibatches on all cores
     once the others are done."""
     policy, *others = learners
-    beside = len(minibatches)
     if parallel and others:
         beside = math.ceil(len(minibatches) * POLICY_SHARE_BESIDE_CRITIC)
-    tasks = [functools.partial(policy.learn, minibatches[:beside])]
-    tasks += [functools.partial(learner.learn, minibatches) for learner in others]
-    sums = run_parallel(tasks, enabled=parallel)
-    if beside < len(minibatches):
-        accumulate(sums[0], policy.learn(minibatches[beside:]))
+        tasks = [functools.partial(policy.learn, minibatches[:beside])]
+        tasks += [functools.partial(learner.learn, minibatches) for learner in others]
+        sums = run_parallel(tasks)
+        if beside < len(minibatches):
+            accumulate(sums[0], policy.learn(minibatches[beside:]))
+    else:
+        sums = [policy.learn(minibatches)]
+        for learner in others:
+            sums.append(learner.learn(minibatches))
     stats: dict[str, float] = {}
     for learner_sums in sums:  # disjoint keys
         stats |= {key: value / len(minibatches) for key, value in learner_sums.items()}

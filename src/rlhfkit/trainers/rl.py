@@ -1,30 +1,52 @@
-"""PPO against a reward model: InstructGPT's step 3 (Ouyang et al. 2022, section 3.5).
+"""The one RL trainer: PPO, GRPO, RLOO and REINFORCE++ as settings of one iteration.
 
-A PPO iteration is one step of the shared loop (``loop.py``) and reads top to bottom in
-``step``: generate -> score -> shape rewards -> GAE (``ExperienceMaker.make`` in
-``experience/rollout.py``), then update (``ops/`` holds every formula). The update makes ``ppo_epochs`` passes over the rollout in shuffled minibatches,
-with the clipped policy loss, the clipped value loss, an optional entropy bonus and an
-optional PPO-ptx language-model term, as in lm-human-preferences and TRL's ``PPOTrainer``.
+An iteration is one step of the shared loop (``loop.py``) and reads top to bottom in
+``step``:
+
+1. make experience: for each generation batch of prompts, sample ``num_generations``
+   responses per prompt, score them, shape the rewards and compute the advantages
+   (``ExperienceMaker.make`` in ``experience/rollout.py``);
+2. learn from it: ``ppo_epochs`` passes over the iteration's experience in minibatches, one
+   optimiser step per minibatch and trained model, with the clipped policy loss
+   (``ppo_update.policy_loss``), the clipped value loss where there is a critic, an optional
+   entropy bonus and an optional PPO-ptx language-model term;
+3. log: the experience's statistics, the update's, the KL coefficient (adapted towards its
+   target where asked) and sample texts.
+
+What the algorithms differ in is the config (``rl_config.py``), never this loop:
+
+- PPO (InstructGPT's step 3, Ouyang et al. 2022, section 3.5; as lm-human-preferences and
+  TRL's ``PPOTrainer`` 1.12): a critic (a separate ``ValueModel`` started from the reward
+  model, or a value head on the policy's trunk), GAE, the KL penalty in the per-token
+  rewards, four epochs of shuffled minibatches; ``critic_warmup`` iterations first train the
+  separate critic alone, the policy left as it starts (verl, OpenRLHF).
+- GRPO (Shao et al. 2024, "DeepSeekMath", sec. 4.1), RLOO (Ahmadian et al. 2024) and
+  REINFORCE++ (Hu 2025): groups of responses per prompt as each other's baseline, no critic;
+  GRPO and RLOO put a k3 KL term in the loss, REINFORCE++ the KL penalty in the rewards. With
+  one optimiser step per iteration the update's own forward pass gives the "old" log-probs
+  (the ratio is 1, the clip inactive), as TRL's ``GRPOTrainer`` with ``num_iterations=1``.
 
 Models: the policy starts from the SFT model; the frozen reference is a second copy of it,
-or with LoRA the same model with the adapter disabled (never a second copy). The critic is a
-separate ``ValueModel`` initialised from the reward model (InstructGPT) or a value head on
-the policy's trunk (``critic="value_head"``); ``critic_warmup`` iterations first train the
-separate critic alone, the policy left as it starts (verl, OpenRLHF).
+or with LoRA the same model with the adapter disabled (never a second copy), and there is
+none where no KL is measured (``kl_coef`` 0).
 
-Departures from TRL 1.12: policy and critic have one AdamW each and their gradients are
-clipped per model (the value loss's larger gradients would otherwise shrink the policy's
-step); minibatch order comes from a seeded generator saved in checkpoints, so a resumed run
-is exact; padding columns a minibatch does not use are trimmed before its forward pass.
+Departures from TRL: policy and critic have one AdamW each and their gradients are clipped
+per model (the value loss's larger gradients would otherwise shrink the policy's step);
+minibatch order comes from a seeded generator saved in checkpoints, so a resumed run is
+exact; padding columns a minibatch does not use are trimmed before its forward pass; rewards
+from a reward model are read at the EOS the policy emitted, as the reward model was trained
+(TRL's GRPO scores the text without EOS).
 
-Speed (docs/ppo.md): passes on real tokens only (``runtime/packing.py``), LM head on response
-positions, optional bf16 autocast (fp32 weights, optimiser, loss math), the fused GELU, and on
-a CPU independent model work side by side on half the cores each (``ppo_update.py``,
-``rollout.py``); the runtime (``runtime/machine.py``) decides which, once.
+Speed (docs/ppo.md, "Speed on a CPU"): passes on real tokens only (``runtime/packing.py``),
+the LM head on response positions, optional bf16 autocast (fp32 weights, optimiser, loss
+math), the fused GELU, and on a CPU independent model work side by side on half the cores
+each (``ppo_update.py``, ``rollout.py``); the runtime (``runtime/machine.py``) decides which,
+once.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import time
@@ -54,7 +76,7 @@ from rlhfkit.experience.rollout import (
 )
 from rlhfkit.experience.scorers import ScoreInput, Scorer, as_scorer, prepare_scorer
 from rlhfkit.models.loading import disable_dropout, freeze, load_tokenizer
-from rlhfkit.models.lora import base_view, is_lora_lm, merged_copy
+from rlhfkit.models.lora import add_lora, base_view, is_lora_lm, merged_copy
 from rlhfkit.models.passes import (
     ValueHeadLM,
     causal_lm,
@@ -64,16 +86,12 @@ from rlhfkit.models.passes import (
 )
 from rlhfkit.ops.losses import ppo_value_loss
 from rlhfkit.ops.masks import masked_mean
-from rlhfkit.runtime.distributed import mean_over_ranks, rank_seed
+from rlhfkit.runtime.distributed import mean_over_ranks, rank_seed, stream_seed
 from rlhfkit.runtime.sharding import shard
-from rlhfkit.trainers.loop import WATCH_RL, Stream, Trainer
+from rlhfkit.trainers.loop import WATCH_RL, Batch, Stream, Trainer
 from rlhfkit.trainers.optim import Learner, MinibatchLearner, accumulate
-from rlhfkit.trainers.ppo_config import PPOConfig
-from rlhfkit.trainers.ppo_update import (
-    policy_loss,
-    shuffled_minibatches,
-    update_learners,
-)
+from rlhfkit.trainers.ppo_update import policy_loss, shuffled_minibatches, update_learners
+from rlhfkit.trainers.rl_config import RLConfig
 from rlhfkit.trainers.rl_inputs import load_rl_prompts
 
 logger = logging.getLogger(__name__)
@@ -81,27 +99,26 @@ logger = logging.getLogger(__name__)
 WEIGHTS_FILE = "trainable.safetensors"  # a checkpoint's trained weights (policy and critic)
 
 
-class PPOTrainer(Trainer):
-    """PPO on ``prompts`` (token id lists, or ``data.PromptExample``s whose prompts as written
+class RLTrainer(Trainer):
+    """RL on ``prompts`` (token id lists, or ``data.PromptExample``s whose prompts as written
     and columns reach the reward functions) against ``scorer`` (a ``Scorer``, a reward model,
-    or a Python reward function, ``scorers.FunctionScorer``).
+    or a Python reward function, ``scorers.FunctionScorer``), as ``config`` says.
 
-    ``reference=None`` needs a LoRA policy (the adapter is disabled for the reference);
-    ``critic=None`` needs a ``ValueHeadLM`` policy. ``ptx_examples`` are ``SFTExample``s;
-    ``eval_prompts`` (as ``prompts``) are scored every ``eval_every`` iterations and at the end.
+    ``policy`` is a causal LM (a ``ValueHeadLM`` with ``critic: value_head``; LoRA adapters
+    are added here where ``config.lora`` asks and it has none); ``critic`` the separate
+    critic where ``config.critic`` is 'separate'. ``reference=None`` is the policy with its
+    adapter disabled under LoRA, else a copy of the starting policy. ``ptx_examples`` are
+    ``SFTExample``s; ``eval_prompts`` (as ``prompts``) are scored every ``eval_every``
+    iterations and at the end.
     """
 
     learner_name = "policy"
-    drop_last = True  # every rollout has rollout_batch_size prompts
+    drop_last = True  # every iteration samples rollout_batch_size prompts
     watch = WATCH_RL
-    plot_keys = tuple(
-        f"train/{key}"
-        for key in ("score/mean", "kl/ref", "policy/entropy", "value/explained_variance")
-    )
 
     def __init__(
         self,
-        config: PPOConfig,
+        config: RLConfig,
         policy: nn.Module,
         tokenizer,
         prompts: list[list[int] | PromptExample],
@@ -113,6 +130,7 @@ class PPOTrainer(Trainer):
         eval_prompts: list[list[int] | PromptExample] | None = None,
     ) -> None:
         _check_inputs(config, policy, prompts, critic, ptx_examples)
+        policy, critic, reference = _with_lora_and_reference(config, policy, critic, reference)
         collate = PromptCollator(tokenizer.pad_token_id)
         super().__init__(config, policy, prompts, collate, tokenizer=tokenizer)
         # The bare models (the rollout samples from them, `final/` holds them) are the
@@ -122,23 +140,22 @@ class PPOTrainer(Trainer):
         self.ptx_examples = ptx_examples or []
         self.eval_prompts = eval_prompts or []
         self.gold = config.gold_scorer(tokenizer)
-        scorer = prepare_scorer(as_scorer(scorer), self.runtime, self.config.padding_free)
+        scorer = prepare_scorer(as_scorer(scorer), self.runtime, config.padding_free)
         if reference is None and self.runtime.side_by_side and is_lora_lm(self.unwrapped_model):
             # Its own module on the base weights: the reference pass runs beside the policy's.
             reference = base_view(self.unwrapped_model)
-        models = RolloutModels(self.unwrapped_model, reference, critic)
+        models = RolloutModels(self.unwrapped_model, reference, critic, config.has_reference)
         self._prepare_models(models)
         self._build_learners(critic)
-        self.maker = ExperienceMaker(
-            models, scorer, tokenizer, config.rollout_settings, self.runtime
-        )
+        settings = config.rollout_settings(self.runtime.world)
+        self.maker = ExperienceMaker(models, scorer, tokenizer, settings, self.runtime)
         self.update_schedule = self._update_schedule()
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
             if config.adaptive_kl
             else FixedKLController(config.kl_coef)
         )
-        self.moments = RunningMoments()
+        self.moments = RunningMoments()  # of every score seen, for score_normalize
         rank, world = self.runtime.rank, self.runtime.world
         self.sample_generator = torch.Generator(self.runtime.device)
         self.sample_generator.manual_seed(rank_seed(config.seed, rank))
@@ -171,7 +188,7 @@ class PPOTrainer(Trainer):
     def _update_schedule(self) -> list[MinibatchLearner]:
         """Each learner with its loss and the module its loss runs, the wrapper whose gradient
         synchronisation waits for a minibatch's last micro-batch."""
-        losses = {"policy": self._policy_loss, "critic": self._critic_loss}
+        losses = {"policy": self.policy_loss, "critic": self._critic_loss}
         engines = {"policy": self.model, "critic": self.critic_engine}
         return [
             MinibatchLearner(
@@ -199,7 +216,6 @@ class PPOTrainer(Trainer):
             if self.runtime.sharded:  # frozen too: 1/N of its memory each
                 shard(reference)
 
-    # ----------------------------------------------------------------- the loop's hooks
     @property
     def scorer(self) -> Scorer:
         return self.maker.scorer
@@ -219,34 +235,59 @@ class PPOTrainer(Trainer):
         return metrics
 
     def step(self) -> tuple[dict[str, float], Rollout]:
-        """One PPO iteration: make a rollout from the next prompts (generate -> score -> shape
-        rewards -> advantages), then update on it. Returns metrics and rollout."""
+        """One iteration: make experience from the next prompts, learn from it, log. Returns
+        the metrics and the iteration's experience."""
         started = time.perf_counter()
-        batch = self.next_batch()
+        batches = self.config.generation_batches(self.runtime.world)
         with self.maker.frozen_weights_cast():
-            rollout = self.maker.make(
-                batch["query"],
-                batch["query_mask"],
-                kl_coef=0.0 if self.config.kl_in_loss else self.kl_controller.value,
-                moments=self.moments,
-                generator=self.sample_generator,
-                prompt_columns=batch.get("prompt_columns"),
-            )
-            rollout.check_finite()
+            parts = [self.make_experience(self.next_batch()) for _ in range(batches)]  # 1
+            rollout = Rollout.concat(parts, self.tokenizer.pad_token_id)
             update_started = time.perf_counter()
-            metrics = {**rollout_stats(rollout), **self.update(rollout)}
+            metrics = self.update(rollout)  # 2
+        for part in parts:  # 3
+            accumulate(metrics, rollout_stats(part, self.config.num_generations), 1 / batches)
         metrics["kl/coef"] = self.kl_controller.value
-        # The controller sees the whole batch's KL, the same on every process.
-        world = self.runtime.world
-        self.kl_controller.update(mean_over_ranks(metrics["kl/ref"]), len(rollout) * world)
+        if "kl/ref" in metrics:  # the whole batch's KL, the same on every process
+            kl = mean_over_ranks(metrics["kl/ref"])
+            self.kl_controller.update(kl, len(rollout) * self.runtime.world)
         metrics["time/update"] = time.perf_counter() - update_started
         metrics["time/iteration"] = time.perf_counter() - started
         return metrics, rollout
 
+    def make_experience(self, batch: Batch) -> Rollout:
+        """``num_generations`` responses per prompt of ``batch`` (a group's rows contiguous),
+        scored, with their rewards and advantages; checked finite."""
+        k = self.config.num_generations
+        columns = batch.get("prompt_columns")
+        if "sample_seed" in batch:  # from next_batch; other batches draw on where it stands
+            self.sample_generator.manual_seed(batch["sample_seed"])
+        rollout = self.maker.make(
+            batch["query"].repeat_interleave(k, dim=0),  # (B, Tq)
+            batch["query_mask"].repeat_interleave(k, dim=0),  # (B, Tq)
+            kl_coef=0.0 if self.config.kl_in_loss else self.kl_controller.value,
+            moments=self.moments,
+            generator=self.sample_generator,
+            prompt_columns=columns.repeat(k) if columns is not None else None,
+        )
+        rollout.check_finite()
+        return rollout
+
+    def next_batch(self) -> Batch:
+        """The next prompts; with ``sample_seeds: data``, with the seed of their samples
+        (``sample_seed``), drawn from their place in the data: a generation batch's groups
+        are the same whichever process samples them, on any number of processes, and after a
+        resume."""
+        batch = super().next_batch()
+        if self.config.sample_seeds == "data":
+            number = self.stream.number(self.state.batch_index - 1)
+            batch["sample_seed"] = stream_seed(self.config.seed, self.state.epoch, number)
+        return batch
+
     def update(self, rollout: Rollout) -> dict[str, float]:
-        """``ppo_epochs`` passes over ``rollout`` in shuffled minibatches: one optimiser step
-        per minibatch and learner, over ``gradient_accumulation_steps`` micro-batches; in the
-        critic's warmup, the critic's alone. Returns mean statistics."""
+        """``ppo_epochs`` passes over ``rollout`` in minibatches (shuffled where a pass has
+        several): one optimiser step per minibatch and learner, over
+        ``gradient_accumulation_steps`` micro-batches; in the critic's warmup, the critic's
+        alone. Returns mean statistics."""
         self.trainable.train()
         cfg = self.config
         minibatches = shuffled_minibatches(
@@ -257,8 +298,8 @@ class PPOTrainer(Trainer):
             learners = learners[1:]  # the critic: the policy is the schedule's first
         return update_learners(learners, minibatches, self.runtime.side_by_side)
 
-    def _policy_loss(
-        self, mb: Rollout, token_weight: float
+    def policy_loss(
+        self, mb: Rollout, token_weight: float = 1.0
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The policy loss of one micro-batch (``ppo_update.policy_loss``: clipped surrogate,
         the KL term where it is in the loss, the entropy bonus), plus the value loss when the
@@ -317,9 +358,18 @@ class PPOTrainer(Trainer):
         return -masked_mean(logprobs, mask)
 
     def _samples(self, rollout: Rollout) -> list[dict]:
-        rows = zip(rollout.prompts, rollout.responses, rollout.raw_scores.tolist(), strict=True)
-        kept = list(rows)[: self.config.num_samples]
-        return [{"prompt": p, "response": r, "score": s} for p, r, s in kept]
+        """The first ``num_samples`` of the iteration's responses, with their scores and
+        advantages (their mean over the response), so that hacking is seen."""
+        advantages = masked_mean(rollout.advantages, rollout.response_mask, dim=1)  # (B,)
+        return [
+            {
+                "prompt": rollout.prompts[i],
+                "response": rollout.responses[i],
+                "score": float(rollout.raw_scores[i]),
+                "advantage": float(advantages[i]),
+            }
+            for i in range(min(self.config.num_samples, len(rollout)))
+        ]
 
     # ----------------------------------------------------------------- evaluation
     def evaluate(self) -> dict[str, float]:
@@ -343,9 +393,10 @@ class PPOTrainer(Trainer):
             totals = {
                 "score": rollout.raw_scores.sum(),
                 **{f"score/{key}": part.sum() for key, part in rollout.score_parts.items()},
-                "kl": rollout.kl.sum(),
                 "length": rollout.response_mask.sum(),
             }
+            if rollout.kl is not None:
+                totals["kl"] = rollout.kl.sum()
             if self.gold is not None:
                 texts = (rollout.prompts, rollout.responses)  # decoded once, by the maker
                 eos = self.tokenizer.eos_token_id
@@ -408,8 +459,8 @@ class PPOTrainer(Trainer):
                         param.copy_(weights[f"{name}.{key}"])
 
     def save_model(self, path: Path) -> None:
-        """The policy with the tokenizer in ``path``, the critic in ``path/critic`` (or the
-        value head in ``path/value_head.safetensors``). With LoRA both are merged copies, so
+        """The policy with the tokenizer in ``path``; the critic in ``path/critic``, or the
+        value head in ``path/value_head.safetensors``. With LoRA both are merged copies, so
         ``eval``, ``chat``, the next stage and stock transformers load them as plain models
         (with the tokenizer's added pad token, if any, in the saved vocabulary)."""
         policy, critic = self.models.policy, self.models.critic
@@ -417,31 +468,31 @@ class PPOTrainer(Trainer):
         self.tokenizer.save_pretrained(path)
         if critic is not None:
             merged_copy(critic).save_pretrained(path / "critic")
-        else:
+        elif isinstance(policy, ValueHeadLM):
             ckpt.save_state(policy.value_head.state_dict(), path / "value_head.safetensors")
 
     # ----------------------------------------------------------------- from a config
     @classmethod
-    def from_config(cls, config: PPOConfig) -> PPOTrainer:
+    def from_config(cls, config: RLConfig) -> RLTrainer:
         """Load tokenizer, data, models and scorer as ``config`` says (the data first: a data
         error stops the run before any model is loaded)."""
         trust = config.trust_remote_code
         tokenizer = load_tokenizer(config.model, padding_side="left", trust_remote_code=trust)
-        template = config.chat_template
         prompts, eval_prompts = load_rl_prompts(config, tokenizer)
         ptx = None
         if config.ptx_coef > 0:
             demos = load_records(config.ptx_data, "demonstrations")
             ptx, _ = encode_demonstrations(
-                demos, tokenizer, config.ptx_max_length, chat_template=template
+                demos, tokenizer, config.ptx_max_length, chat_template=config.chat_template
             )
-        set_seed(config.seed)  # a value head's initial weights
-        critic = config.critic_start(tokenizer)
+        set_seed(config.seed)  # a value head's initial weights, LoRA's
         models = load_rollout_models(
             config.model,
             tokenizer,
-            critic=critic,
+            critic=config.critic_start(tokenizer),
+            value_head=config.critic == "value_head",
             reference=config.reference,
+            has_reference=config.has_reference,
             lora=config.lora_settings,
             trust_remote_code=trust,
         )
@@ -459,17 +510,40 @@ class PPOTrainer(Trainer):
         )
 
 
-def _check_inputs(config: PPOConfig, policy, prompts, critic, ptx_examples) -> None:
-    if critic is None and not isinstance(policy, ValueHeadLM):
-        raise ValueError("critic=None needs a ValueHeadLM policy (critic='value_head')")
+def _check_inputs(config: RLConfig, policy, prompts, critic, ptx_examples) -> None:
+    if config.critic == "value_head" and not isinstance(policy, ValueHeadLM):
+        raise ValueError("critic='value_head' needs a ValueHeadLM policy")
+    if (config.critic == "separate") != (critic is not None):
+        raise ValueError(f"critic={config.critic!r}: a critic model given is {critic is not None}")
     if len(prompts) < config.rollout_batch_size:
         raise ValueError(f"{len(prompts)} prompts < rollout_batch_size={config.rollout_batch_size}")
     if config.ptx_coef > 0 and not ptx_examples:
         raise ValueError("ptx_coef > 0 needs ptx_examples")
 
 
-def run_ppo(config: PPOConfig) -> Path:
-    """Build a ``PPOTrainer`` from ``config``, train it, return the final model's directory
-    (the ``rlhfkit ppo`` command)."""
-    PPOTrainer.from_config(config).train()
+def _with_lora_and_reference(
+    config: RLConfig, policy: nn.Module, critic: nn.Module | None, reference: nn.Module | None
+) -> tuple[nn.Module, nn.Module | None, nn.Module | None]:
+    """The policy and critic with LoRA adapters where ``config.lora`` asks and they have
+    none; the reference: as given, else (without LoRA, where a KL is measured) a copy of the
+    starting policy, made before any step."""
+    if config.lora and not is_lora_lm(causal_lm(policy)):
+        if isinstance(policy, ValueHeadLM):
+            raise ValueError("lora with a ValueHeadLM policy: give one whose LM has adapters")
+        policy = add_lora(policy, **config.lora_settings)
+        if critic is not None:
+            critic = add_lora(critic, **config.lora_settings)
+    if reference is None and not config.lora and config.has_reference:
+        reference = copy.deepcopy(causal_lm(policy))
+    return policy, critic, reference
+
+
+def run_rl(config: RLConfig) -> Path:
+    """Build an ``RLTrainer`` from ``config``, train it, and return the final model's
+    directory (the ``rlhfkit ppo``, ``grpo``, ``rloo`` and ``reinforce++`` commands). A
+    complete run is not loaded again."""
+    if config.resume and ckpt.is_complete(config.output_dir):
+        logger.info("%s is already complete; nothing to do", config.output_dir)
+        return config.final_dir
+    RLTrainer.from_config(config).train()
     return config.final_dir
