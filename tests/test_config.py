@@ -14,6 +14,7 @@ from rlhfkit.config import (
     config_parser,
     load_config,
 )
+from rlhfkit.trainers.rl_config import RLConfig
 
 
 @pytest.mark.parametrize(
@@ -88,3 +89,27 @@ def test_shipped_configs_load():
         assert (root / path).exists(), path
     for default in (SFTConfig(), RewardConfig()):
         assert Path(default.model).is_dir() and Path(default.train_data).is_dir()
+
+
+def test_help_is_grouped_by_the_option_classes_a_config_is_composed_of():
+    parser = config_parser(RLConfig)
+    sections = {
+        group.title: {action.dest for action in group._group_actions}
+        for group in parser._action_groups
+    }
+    fields = {f.name for f in dataclasses.fields(RLConfig)}
+    placed = [dest for dests in sections.values() for dest in dests if dest in fields]
+    assert sorted(placed) == sorted(fields)  # every field once
+    assert {"kl_coef", "kl_in_loss", "adaptive_kl"} <= sections["KLOptions"]
+    assert {"critic", "vf_coef", "critic_warmup"} <= sections["CriticOptions"]
+    assert {"learning_rate", "max_steps", "seed"} <= sections["TrainConfig"]  # overridden too
+
+
+def test_each_rl_option_is_declared_once():
+    declared = [
+        name
+        for klass in RLConfig.__mro__
+        if klass.__module__ == "rlhfkit.trainers.rl_config" and klass is not RLConfig
+        for name in vars(klass).get("__annotations__", {})
+    ]
+    assert len(declared) == len(set(declared))

@@ -689,7 +689,31 @@ def config_parser(
     parser.add_class_arguments(cls, nested_key=None, fail_untyped=True)
     if defaults:
         parser.set_defaults(**defaults)
+    _group_by_option_class(parser, cls)
     return parser
+
+
+def _group_by_option_class(parser: Any, cls: type) -> None:
+    """`--help` in sections: each field under the option group (a dataclass ``cls`` is
+    composed of, `TrainConfig`'s loop fields included) that first declares it, titled by that
+    class's name, its docstring the section's description; the fields ``cls`` itself adds
+    stay in its own."""
+    owners: dict[str, type] = {}
+    for klass in reversed(cls.__mro__):
+        for name in vars(klass).get("__annotations__", {}):
+            owners.setdefault(name, klass)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    home = next(g for g in parser._action_groups if any(a.dest in fields for a in g._group_actions))
+    sections: dict[type, Any] = {}
+    for action in list(home._group_actions):
+        owner = owners.get(action.dest, cls)
+        if owner is cls:
+            continue
+        if owner not in sections:
+            about = " ".join((owner.__doc__ or "").split())
+            sections[owner] = parser.add_argument_group(owner.__name__, about)
+        home._group_actions.remove(action)
+        sections[owner]._group_actions.append(action)
 
 
 def config_from_namespace(cls: type[C], namespace: Any) -> C:

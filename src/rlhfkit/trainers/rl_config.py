@@ -77,8 +77,195 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
+class PromptDataOptions:
+    """The prompts an RL stage samples from."""
+
+    train_data: str = f"{DEMO_DATA}/prompts"
+    """Prompts (any record kind with a prompt): .jsonl/.json/.parquet, dataset dir or hub name;
+    every other column of a row reaches the reward functions by name."""
+    train_split: str = "train"
+    """Split to read from `train_data` when it is a dataset with splits."""
+    max_train_samples: int | None = None
+    """Use only the first this many training prompts; None uses all."""
+    max_prompt_length: int = 128
+    """Prompts longer than this many tokens keep their last tokens."""
+
+
+@dataclass
+class RolloutOptions:
+    """How many responses an iteration samples, and how the update passes over them."""
+
+    rollout_batch_size: int = 32
+    """Prompts sampled per iteration, over all processes."""
+    num_generations: int = 1
+    """Responses sampled per prompt: the group whose scores are each other's baseline under
+    the group estimators (>= 2 for 'grpo' and 'rloo')."""
+    generation_prompts: int | None = None
+    """Prompts sampled, scored and given their advantages together on each process (a group
+    never spans two); None = the process's whole share of the iteration. Advantages are
+    whitened (`whiten_advantages`, 'reinforce++') over a generation batch."""
+    sample_seeds: Literal["process", "data"] = "process"
+    """Where sampling draws its randomness: 'process', one random stream per process, carried
+    from iteration to iteration (kept in checkpoints, as TRL); 'data', a stream for each
+    generation batch keyed by its place in the data, so that the same prompts get the same
+    responses on any number of processes (with the same `generation_prompts`) and after a
+    resume."""
+    ppo_epochs: int = 4
+    """Passes of the update over each iteration's experience (TRL's num_ppo_epochs and GRPO's
+    num_iterations): from the second optimiser step on, the policy has moved from the one
+    that sampled, and the clip acts."""
+    forward_batch_size: int | None = None
+    """Rows per no-grad forward pass while making experience; None = the whole generation
+    batch."""
+
+
+@dataclass
+class AdvantageOptions:
+    """How a token's advantage is computed, and which responses the loss counts."""
+
+    advantage_estimator: Literal["gae", "sequence", "grpo", "rloo", "reinforce++"] = "gae"
+    """How a token's advantage is computed. With a critic: 'gae' (a value per token,
+    InstructGPT) or 'sequence' (one value per response, the critic's value of the prompt, as
+    the baseline of each token's return to the end; lambda 1). Without one: 'grpo' (score -
+    group mean, divided by the group std unless `scale_rewards` is false: Shao et al. 2024),
+    'rloo' (score - the mean of the other responses to the prompt: Ahmadian et al. 2024) or
+    'reinforce++' (each token's return to the end, the KL penalty per token included,
+    whitened over the generation batch: Hu 2025)."""
+    scale_rewards: bool = True
+    """'grpo' only: divide by the group std (False = Dr. GRPO, Liu et al. 2025: centring
+    only)."""
+    whiten_advantages: bool = True
+    """Normalise advantages over each generation batch (mean 0, std 1)."""
+    gamma: float = 1.0
+    """Discount of the returns ('gae', 'sequence')."""
+    lam: float = 0.95
+    """GAE lambda."""
+    skip_uniform_groups: bool = False
+    """Leave groups whose scores are all equal out of the loss (DAPO's dynamic sampling,
+    without the re-sampling): their advantages are 0, so they only dilute the token mean and
+    the KL term; `score/groups_without_signal` counts them. Needs num_generations >= 2."""
+    mask_truncated_completions: bool = False
+    """Leave responses that ran out of tokens (no EOS within max_new_tokens) out of the loss
+    (DAPO's overlong filtering): a cut-off answer is neither rewarded nor punished for where
+    it was cut. Their scores still count in their group's baseline; missing_eos_penalty
+    lowers their score instead."""
+
+
+@dataclass
+class CriticOptions:
+    """The critic of the estimators that read values, and its value loss."""
+
+    critic: Literal["separate", "value_head", "none"] = "separate"
+    """The critic of the estimators that read values ('gae', 'sequence'): a separate model
+    (InstructGPT) or a value head on the policy's trunk; 'none' for 'grpo', 'rloo' and
+    'reinforce++'."""
+    critic_model: str | None = None
+    """Where the separate critic starts; None = the reward model (InstructGPT; an ensemble's
+    first), else `model`. It reads the policy's tokens: a reward model with another tokenizer
+    needs one of these."""
+    critic_learning_rate: float | None = None
+    """Peak learning rate of the separate critic's AdamW (OpenRLHF's critic_learning_rate,
+    verl's critic.optim.lr; both use about 10x the policy's); None = `learning_rate`. Logged as
+    `train/lr/critic`. Needs the separate critic: a value head learns with the policy."""
+    critic_warmup: int = 0
+    """The first this many iterations train the critic alone, on responses of the starting
+    policy, which they leave as it is (verl's critic_warmup, OpenRLHF's freezing_actor_steps).
+    A critic started from a reward model knows the score of a whole response, not the value
+    of a response's first tokens; until its values fit, the advantages are mostly its error
+    and would move the policy at random, spending KL. Counted in max_steps; the policy's
+    learning-rate schedule spans the iterations after. Needs the separate critic."""
+    clip_range_value: float | None = 0.2
+    """Value clip range around the rollout values; None = unclipped value loss."""
+    vf_coef: float = 0.1
+    """Weight of the value loss."""
+    parallel_critic: bool | None = None
+    """Run independent model work side by side, each on half the CPU threads: the policy's
+    and the separate critic's updates (the same steps, up to float rounding), and in the
+    rollout the policy and critic passes beside the reference pass and the scorer (with LoRA
+    the reference a view of the policy's base weights). Faster for small models. None: on
+    CPU, not on GPU. Always off with several processes."""
+
+
+@dataclass
+class KLOptions:
+    """The KL to the reference: its weight, where it goes, how it is estimated and adapted."""
+
+    kl_coef: float = 0.05
+    """beta: the weight of the KL to the reference (the initial value when `adaptive_kl`);
+    0 drops the KL, and the reference model with it."""
+    kl_in_loss: bool = False
+    """Put the KL in the policy loss (GRPO): kl_coef x the k3 estimate per token, aggregated
+    as the policy loss is; the rewards are then the score alone. False puts kl_coef x the
+    `kl_estimator` per token into the rewards (InstructGPT). `kl/ref` reports the k1 KL of
+    the rollout either way."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token KL estimator in the rewards (k1 = log pi - log ref, as InstructGPT)."""
+    kl_importance_weight: bool = False
+    """With the KL in the loss, weight each token's k3 term by the ratio pi / pi_old
+    (DeepSeek-V3.2's unbiased KL estimate; TRL's use_bias_correction_kl): the same value at
+    the sampling policy, but the gradient of KL(pi || ref) itself, (log pi - log ref) grad log
+    pi, where k3's is (1 - ref / pi) grad log pi."""
+    adaptive_kl: bool = False
+    """Adapt kl_coef towards `kl_target` (Ziegler et al. 2019)."""
+    kl_target: float = 6.0
+    """Target KL(pi || ref) per response (nats) of the adaptive controller."""
+    kl_horizon: int = 10000
+    """Horizon (in episodes) of the adaptive controller."""
+
+
+@dataclass
+class PolicyObjectiveOptions:
+    """The clipped policy objective and how it is aggregated."""
+
+    clip_range: float = 0.2
+    """Policy ratio clip range epsilon of the clipped objective (below 1, and above unless
+    `clip_range_high` is set)."""
+    clip_range_high: float | None = None
+    """Upper clip range: the ratio is clipped to [1 - clip_range, 1 + clip_range_high]
+    (DAPO's clip-higher, e.g. 0.28 with clip_range 0.2); None = clip_range. Acts only where
+    the policy has moved since sampling (more than one optimiser step per iteration)."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """The ratio pi / pi_old of the clipped objective: each token's own ('token') or one per
+    response, the geometric mean of its tokens' ratios, clipped as a whole ('sequence': GSPO,
+    Zheng et al. 2025, which clips in a far narrower range, e.g. clip_range 3e-4 and
+    clip_range_high 4e-4, with loss_aggregation 'sequence_mean'). At the sampling policy both
+    give the same gradient. 'sequence' needs one advantage per response ('grpo' or 'rloo')."""
+    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
+    """How the per-token loss reduces over a micro-batch: 'token_mean' (every response token
+    weighs the same; DAPO, PPO), 'sequence_mean' (each response's token mean, then their
+    mean; GRPO as published) or 'constant' (the sum over max_new_tokens x responses; Dr.
+    GRPO)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+
+
+@dataclass
+class PtxOptions:
+    """InstructGPT's PPO-ptx: a language-model loss mixed into the update."""
+
+    ptx_coef: float = 0.0
+    """Weight of the language-model loss on `ptx_data` (InstructGPT's PPO-ptx); 0 = off."""
+    ptx_data: str | None = None
+    """Demonstrations or pretraining text (prompt/response records) for the ptx term."""
+    ptx_max_length: int = 256
+    """Token budget of each ptx example."""
+
+
+@dataclass
 class RLConfig(
-    EvalPromptOptions, SamplingOptions, ScorerOptions, ReferenceOptions, LoRAOptions, TrainConfig
+    PtxOptions,
+    PolicyObjectiveOptions,
+    KLOptions,
+    CriticOptions,
+    AdvantageOptions,
+    RolloutOptions,
+    PromptDataOptions,
+    EvalPromptOptions,
+    SamplingOptions,
+    ScorerOptions,
+    ReferenceOptions,
+    LoRAOptions,
+    TrainConfig,
 ):
     """A policy trained on prompts against a scorer, with a KL to a frozen reference: PPO with
     a critic (InstructGPT step 3), or GRPO, RLOO and REINFORCE++ without one. `rlhfkit ppo`,
@@ -108,145 +295,12 @@ class RLConfig(
     max_steps: int | None = None
     """Iterations to run (a step of the loop is one rollout and its update); None runs
     `num_epochs` passes over the prompts."""
-    train_data: str = f"{DEMO_DATA}/prompts"
-    """Prompts (any record kind with a prompt): .jsonl/.json/.parquet, dataset dir or hub name;
-    every other column of a row reaches the reward functions by name."""
-    train_split: str = "train"
-    """Split to read from `train_data` when it is a dataset with splits."""
-    max_train_samples: int | None = None
-    """Use only the first this many training prompts; None uses all."""
-    max_prompt_length: int = 128
-    """Prompts longer than this many tokens keep their last tokens."""
-    rollout_batch_size: int = 32
-    """Prompts sampled per iteration, over all processes."""
-    num_generations: int = 1
-    """Responses sampled per prompt: the group whose scores are each other's baseline under
-    the group estimators (>= 2 for 'grpo' and 'rloo')."""
-    generation_prompts: int | None = None
-    """Prompts sampled, scored and given their advantages together on each process (a group
-    never spans two); None = the process's whole share of the iteration. Advantages are
-    whitened (`whiten_advantages`, 'reinforce++') over a generation batch."""
-    sample_seeds: Literal["process", "data"] = "process"
-    """Where sampling draws its randomness: 'process', one random stream per process, carried
-    from iteration to iteration (kept in checkpoints, as TRL); 'data', a stream for each
-    generation batch keyed by its place in the data, so that the same prompts get the same
-    responses on any number of processes (with the same `generation_prompts`) and after a
-    resume."""
-    ppo_epochs: int = 4
-    """Passes of the update over each iteration's experience (TRL's num_ppo_epochs and GRPO's
-    num_iterations): from the second optimiser step on, the policy has moved from the one
-    that sampled, and the clip acts."""
     reward_model: str | list[str] | None = "runs/rm/final"
     """Reward model directory (from `rlhfkit rm`); a list of directories is an ensemble
     (`reward_ensemble`); None if only reward functions score."""
-    advantage_estimator: Literal["gae", "sequence", "grpo", "rloo", "reinforce++"] = "gae"
-    """How a token's advantage is computed. With a critic: 'gae' (a value per token,
-    InstructGPT) or 'sequence' (one value per response, the critic's value of the prompt, as
-    the baseline of each token's return to the end; lambda 1). Without one: 'grpo' (score -
-    group mean, divided by the group std unless `scale_rewards` is false: Shao et al. 2024),
-    'rloo' (score - the mean of the other responses to the prompt: Ahmadian et al. 2024) or
-    'reinforce++' (each token's return to the end, the KL penalty per token included,
-    whitened over the generation batch: Hu 2025)."""
-    scale_rewards: bool = True
-    """'grpo' only: divide by the group std (False = Dr. GRPO, Liu et al. 2025: centring
-    only)."""
-    critic: Literal["separate", "value_head", "none"] = "separate"
-    """The critic of the estimators that read values ('gae', 'sequence'): a separate model
-    (InstructGPT) or a value head on the policy's trunk; 'none' for 'grpo', 'rloo' and
-    'reinforce++'."""
-    critic_model: str | None = None
-    """Where the separate critic starts; None = the reward model (InstructGPT; an ensemble's
-    first), else `model`. It reads the policy's tokens: a reward model with another tokenizer
-    needs one of these."""
-    critic_learning_rate: float | None = None
-    """Peak learning rate of the separate critic's AdamW (OpenRLHF's critic_learning_rate,
-    verl's critic.optim.lr; both use about 10x the policy's); None = `learning_rate`. Logged as
-    `train/lr/critic`. Needs the separate critic: a value head learns with the policy."""
-    critic_warmup: int = 0
-    """The first this many iterations train the critic alone, on responses of the starting
-    policy, which they leave as it is (verl's critic_warmup, OpenRLHF's freezing_actor_steps).
-    A critic started from a reward model knows the score of a whole response, not the value
-    of a response's first tokens; until its values fit, the advantages are mostly its error
-    and would move the policy at random, spending KL. Counted in max_steps; the policy's
-    learning-rate schedule spans the iterations after. Needs the separate critic."""
-    gamma: float = 1.0
-    """Discount of the returns ('gae', 'sequence')."""
-    lam: float = 0.95
-    """GAE lambda."""
-    clip_range_value: float | None = 0.2
-    """Value clip range around the rollout values; None = unclipped value loss."""
-    vf_coef: float = 0.1
-    """Weight of the value loss."""
-    whiten_advantages: bool = True
-    """Normalise advantages over each generation batch (mean 0, std 1)."""
-    kl_coef: float = 0.05
-    """beta: the weight of the KL to the reference (the initial value when `adaptive_kl`);
-    0 drops the KL, and the reference model with it."""
-    kl_in_loss: bool = False
-    """Put the KL in the policy loss (GRPO): kl_coef x the k3 estimate per token, aggregated
-    as the policy loss is; the rewards are then the score alone. False puts kl_coef x the
-    `kl_estimator` per token into the rewards (InstructGPT). `kl/ref` reports the k1 KL of
-    the rollout either way."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    """Per-token KL estimator in the rewards (k1 = log pi - log ref, as InstructGPT)."""
-    kl_importance_weight: bool = False
-    """With the KL in the loss, weight each token's k3 term by the ratio pi / pi_old
-    (DeepSeek-V3.2's unbiased KL estimate; TRL's use_bias_correction_kl): the same value at
-    the sampling policy, but the gradient of KL(pi || ref) itself, (log pi - log ref) grad log
-    pi, where k3's is (1 - ref / pi) grad log pi."""
-    adaptive_kl: bool = False
-    """Adapt kl_coef towards `kl_target` (Ziegler et al. 2019)."""
-    kl_target: float = 6.0
-    """Target KL(pi || ref) per response (nats) of the adaptive controller."""
-    kl_horizon: int = 10000
-    """Horizon (in episodes) of the adaptive controller."""
-    clip_range: float = 0.2
-    """Policy ratio clip range epsilon of the clipped objective (below 1, and above unless
-    `clip_range_high` is set)."""
-    clip_range_high: float | None = None
-    """Upper clip range: the ratio is clipped to [1 - clip_range, 1 + clip_range_high]
-    (DAPO's clip-higher, e.g. 0.28 with clip_range 0.2); None = clip_range. Acts only where
-    the policy has moved since sampling (more than one optimiser step per iteration)."""
-    importance_sampling_level: Literal["token", "sequence"] = "token"
-    """The ratio pi / pi_old of the clipped objective: each token's own ('token') or one per
-    response, the geometric mean of its tokens' ratios, clipped as a whole ('sequence': GSPO,
-    Zheng et al. 2025, which clips in a far narrower range, e.g. clip_range 3e-4 and
-    clip_range_high 4e-4, with loss_aggregation 'sequence_mean'). At the sampling policy both
-    give the same gradient. 'sequence' needs one advantage per response ('grpo' or 'rloo')."""
-    loss_aggregation: Literal["token_mean", "sequence_mean", "constant"] = "token_mean"
-    """How the per-token loss reduces over a micro-batch: 'token_mean' (every response token
-    weighs the same; DAPO, PPO), 'sequence_mean' (each response's token mean, then their
-    mean; GRPO as published) or 'constant' (the sum over max_new_tokens x responses; Dr.
-    GRPO)."""
-    entropy_coef: float = 0.0
-    """Weight of the entropy bonus (subtracted from the loss)."""
-    skip_uniform_groups: bool = False
-    """Leave groups whose scores are all equal out of the loss (DAPO's dynamic sampling,
-    without the re-sampling): their advantages are 0, so they only dilute the token mean and
-    the KL term; `score/groups_without_signal` counts them. Needs num_generations >= 2."""
-    mask_truncated_completions: bool = False
-    """Leave responses that ran out of tokens (no EOS within max_new_tokens) out of the loss
-    (DAPO's overlong filtering): a cut-off answer is neither rewarded nor punished for where
-    it was cut. Their scores still count in their group's baseline; missing_eos_penalty
-    lowers their score instead."""
-    ptx_coef: float = 0.0
-    """Weight of the language-model loss on `ptx_data` (InstructGPT's PPO-ptx); 0 = off."""
-    ptx_data: str | None = None
-    """Demonstrations or pretraining text (prompt/response records) for the ptx term."""
-    ptx_max_length: int = 256
-    """Token budget of each ptx example."""
     disable_dropout: bool = True
     """Turn dropout off in every model, so sampling and the update see the same policy (the
     ratio starts at exactly 1, as in TRL)."""
-    forward_batch_size: int | None = None
-    """Rows per no-grad forward pass while making experience; None = the whole generation
-    batch."""
-    parallel_critic: bool | None = None
-    """Run independent model work side by side, each on half the CPU threads: the policy's
-    and the separate critic's updates (the same steps, up to float rounding), and in the
-    rollout the policy and critic passes beside the reference pass and the scorer (with LoRA
-    the reference a view of the policy's base weights). Faster for small models. None: on
-    CPU, not on GPU. Always off with several processes."""
     sample_every: int = 10
     """Log sample texts (prompt, response, score, advantage) every this many iterations, so
     that reward hacking is seen."""
