@@ -113,6 +113,24 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def stage_config(make, run_dir, **fields):
+    """``make(**fields)`` (a stage's config class, or a preset's constructor) as the tests build
+    it: on the CPU, model and data "unused" (the test hands them over as objects) unless named,
+    written under ``run_dir`` (unless ``output_dir`` says otherwise) with nothing tracked beside
+    metrics.jsonl, starting afresh,
+    at a constant learning rate."""
+    quiet = {
+        "model": "unused",
+        "train_data": "unused",
+        "output_dir": str(run_dir),
+        "report_to": [],
+        "resume": False,
+        "lr_scheduler": "constant",
+        "cpu": True,
+    }
+    return make(**{**quiet, **fields})
+
+
 def write_pipeline_data(root) -> None:
     """prompts/, sft/ and comparisons/ with train and test files, as the demo data has: the
     first 3 words of a tiny-corpus line as the prompt, the rest as the response."""

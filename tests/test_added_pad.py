@@ -9,7 +9,14 @@ import sys
 
 import pytest
 
-from helpers import build_tiny_tokenizer, tiny_corpus, tiny_lm, tiny_prompts, write_jsonl
+from helpers import (
+    build_tiny_tokenizer,
+    stage_config,
+    tiny_corpus,
+    tiny_lm,
+    tiny_prompts,
+    write_jsonl,
+)
 from rlhfkit.errors import UsageError
 from rlhfkit.models.loading import (
     RewardModel,
@@ -68,26 +75,15 @@ COMBINATIONS = [
 
 
 def _config(root, tmp_path, **overrides) -> RLConfig:
-    fields = dict(
-        model=str(root / "policy"),
-        train_data=str(root / "prompts.jsonl"),
-        eval_data=None,
-        output_dir=str(tmp_path / "run"),
-        reward_model=str(root / "rm"),
-        reward_functions=["sentiment"],
-        max_steps=2,
-        rollout_batch_size=8,
-        batch_size=4,
-        ppo_epochs=1,
-        max_new_tokens=4,
-        # Every model reads the padded batch, pad ids included, not only the real tokens.
-        padding_free=False,
-        report_to=[],
-        resume=False,
-        cpu=True,
-        seed=0,
-    )
-    return RLConfig(**{**fields, **overrides})
+    # Every model reads the padded batch, pad ids included, not only the real tokens.
+    return stage_config(
+        RLConfig, tmp_path / "run",
+        **{"model": str(root / "policy"), "train_data": str(root / "prompts.jsonl"),
+           "eval_data": None, "reward_model": str(root / "rm"), "reward_functions": ["sentiment"],
+           "max_steps": 2, "rollout_batch_size": 8, "batch_size": 4, "ppo_epochs": 1,
+           "max_new_tokens": 4, "padding_free": False, "lr_scheduler": "linear", "seed": 0,
+           **overrides},
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from helpers import OBJECTS, SUBJECTS, VERBS, tiny_lm, write_jsonl
+from helpers import OBJECTS, SUBJECTS, VERBS, stage_config, tiny_lm, write_jsonl
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
 from rlhfkit.models.loading import disable_dropout
@@ -44,23 +44,11 @@ def _toy_pairs(tokenizer):
 
 
 def _config(tmp_path, **overrides):
-    fields = dict(
-        model="unused",
-        output_dir=str(tmp_path / "dpo"),
-        train_data="unused",
-        eval_data=None,
-        batch_size=8,
-        eval_batch_size=16,
-        max_steps=20,
-        learning_rate=1e-3,
-        lr_scheduler="constant",
-        log_every=5,
-        cpu=True,
-        report_to=[],
-        resume=False,
-    )
-    fields.update(overrides)
-    return DPOConfig(**fields)
+    return stage_config(
+        DPOConfig, tmp_path / "dpo",
+        **{"eval_data": None, "batch_size": 8, "eval_batch_size": 16, "max_steps": 20,
+           "learning_rate": 1e-3, "log_every": 5, **overrides},
+    )  # fmt: skip
 
 
 def _params(model):

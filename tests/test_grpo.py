@@ -4,13 +4,14 @@ the reference unchanged, several updates per generation, LoRA reference, the com
 end."""
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import TargetFraction, on_device, tiny_corpus, tiny_lm, tiny_prompts
+from helpers import TargetFraction, on_device, stage_config, tiny_corpus, tiny_lm, tiny_prompts
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import PromptCollator
 from rlhfkit.experience.rollout import estimate_advantages, rollout_stats
@@ -21,26 +22,12 @@ from rlhfkit.trainers.rl_config import RLConfig
 
 
 def _config(tmp_path, **overrides):
-    values = dict(
-        model="unused",
-        train_data="unused",
-        output_dir=str(tmp_path / "run"),
-        reward_functions=["unused:unused"],
-        rollout_batch_size=4,
-        num_generations=4,
-        batch_size=16,
-        max_new_tokens=8,
-        max_steps=20,
-        learning_rate=3e-3,
-        lr_scheduler="constant",
-        log_every=5,
-        sample_every=10,
-        cpu=True,
-        report_to=[],
-        resume=False,
-        seed=0,
-    )
-    return RLConfig.preset("grpo", **{**values, **overrides})
+    return stage_config(
+        functools.partial(RLConfig.preset, "grpo"), tmp_path / "run",
+        **{"reward_functions": ["unused:unused"], "rollout_batch_size": 4, "num_generations": 4,
+           "batch_size": 16, "max_new_tokens": 8, "max_steps": 20, "learning_rate": 3e-3,
+           "log_every": 5, "sample_every": 10, "seed": 0, **overrides},
+    )  # fmt: skip
 
 
 def _advantages(scores, config, kl=None, kl_coef=0.0):
@@ -310,8 +297,8 @@ def test_learns_a_trivial_reward_and_the_reference_does_not_move(
     start = trainer.run_evaluation()["score"]
     trainer.train()
     end = trainer.state.eval_metrics["score"]
-    assert start < 0.12
-    assert end > 0.16 and end > 1.8 * start
+    assert start < 0.15
+    assert end > 0.16 and end - start > 0.08
     for name, value in trainer.models.reference.state_dict().items():
         assert torch.equal(value, before[name]), name
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]

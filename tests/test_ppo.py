@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import TARGETS, TargetFraction, on_device, tiny_lm, tiny_prompts
+from helpers import TARGETS, TargetFraction, on_device, stage_config, tiny_lm, tiny_prompts
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError
 from rlhfkit.data import SFTExample
@@ -26,23 +26,12 @@ from rlhfkit.trainers.rl_config import RLConfig
 
 
 def _config(tmp_path, **overrides):
-    values = dict(
-        model="unused",
-        train_data="unused",
-        output_dir=str(tmp_path / "run"),
-        reward_model=None,
-        reward_functions=["unused:unused"],
-        max_steps=2,
-        rollout_batch_size=16,
-        batch_size=8,
-        max_new_tokens=8,
-        learning_rate=1e-3,
-        lr_scheduler="constant",
-        report_to=[],
-        resume=False,
-        seed=0,
-    )
-    return RLConfig(**{**values, **overrides})
+    return stage_config(
+        RLConfig, tmp_path / "run",
+        **{"reward_model": None, "reward_functions": ["unused:unused"], "max_steps": 2,
+           "rollout_batch_size": 16, "batch_size": 8, "max_new_tokens": 8,
+           "learning_rate": 1e-3, "seed": 0, "cpu": False, **overrides},
+    )  # fmt: skip
 
 
 def _trainer(tiny_tokenizer, tmp_path, scorer=None, eval_prompts=None, **overrides):
@@ -430,6 +419,25 @@ def test_kl_in_the_loss_leaves_the_rewards_to_the_score(tiny_tokenizer, tmp_path
     expected[torch.arange(len(last)), last] = rollout.scores
     torch.testing.assert_close(rollout.rewards, expected)  # no -beta * KL per token
     assert metrics["loss/kl_k3"] > 0 and metrics["kl/ref"] != 0
+
+
+def test_ppo_with_groups_samples_each_prompt_k_times_and_learns_with_its_critic(
+    tiny_tokenizer, tmp_path
+):
+    """The one RL stage combines what the presets keep apart: GAE over a critic's values on
+    groups of responses a prompt, in generation batches seeded by their place in the data."""
+    trainer = _trainer(
+        tiny_tokenizer, tmp_path, cpu=True, num_generations=4, rollout_batch_size=4,
+        generation_prompts=2, sample_seeds="data", batch_size=8,
+    )  # fmt: skip
+    critic_before = _weights(trainer.models.critic)
+    metrics, rollout = trainer.step()
+    assert len(rollout) == 16 and rollout.values is not None
+    assert rollout.prompts[:4] == [rollout.prompts[0]] * 4  # a group's rows are contiguous
+    assert trainer.state.batch_index == 2  # two generation batches of 2 prompts
+    assert metrics["score/group_std"] >= 0 and "value/explained_variance" in metrics
+    moved = _weights(trainer.models.critic)
+    assert any(not torch.equal(moved[k], v) for k, v in critic_before.items())
 
 
 def test_the_sequence_estimators_critic_learns_the_prompts_value_only(tiny_tokenizer, tmp_path):

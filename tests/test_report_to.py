@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import stage_config
 from rlhfkit.cli import main
 from rlhfkit.config import ConfigError, SFTConfig
 from rlhfkit.data import Demonstration, encode_demonstrations
@@ -21,12 +22,11 @@ DEMOS = [Demonstration(f"Q: {i} plus one?", f" A: {i + 1}") for i in range(16)]
 
 
 def _config(tmp_path, report_to, **overrides):
-    fields = dict(
-        model="unused", output_dir=str(tmp_path / "tiny-sft"), train_data="unused",
-        eval_data=None, batch_size=4, max_steps=4, log_every=1, cpu=True, max_length=32,
-        report_to=report_to,
+    return stage_config(
+        SFTConfig, tmp_path / "tiny-sft",
+        **{"eval_data": None, "batch_size": 4, "max_steps": 4, "log_every": 1, "max_length": 32,
+           "report_to": report_to, "resume": True, "lr_scheduler": "cosine", **overrides},
     )  # fmt: skip
-    return SFTConfig(**{**fields, **overrides})
 
 
 def _train(config, tiny_model, tiny_tokenizer, stop_after=None):

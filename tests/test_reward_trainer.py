@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from helpers import stage_config
 from rlhfkit.config import ConfigError, RewardConfig
 from rlhfkit.data import (
     Comparison,
@@ -59,22 +60,11 @@ def rankings(n: int, seed: int) -> list[Ranking]:
 
 
 def _config(tmp_path, **overrides):
-    fields = dict(
-        model="unused",
-        output_dir=str(tmp_path / "rm"),
-        train_data="unused",
-        eval_data=None,
-        batch_size=8,
-        max_steps=12,
-        learning_rate=2e-3,
-        lr_scheduler="constant",
-        log_every=5,
-        cpu=True,
-        report_to=[],
-        max_length=48,
-    )
-    fields.update(overrides)
-    return RewardConfig(**fields)
+    return stage_config(
+        RewardConfig, tmp_path / "rm",
+        **{"eval_data": None, "batch_size": 8, "max_steps": 12, "learning_rate": 2e-3,
+           "log_every": 5, "max_length": 48, "resume": True, **overrides},
+    )  # fmt: skip
 
 
 def _model(model_dir):

@@ -332,3 +332,27 @@ def test_select_trims_every_per_token_field():
         value = getattr(mb, f.name)
         if isinstance(value, torch.Tensor) and value.dim() == 2:
             assert value.shape == (1, 1), f.name
+
+
+def test_concatenated_rollouts_pad_queries_left_and_responses_right():
+    def part(query_width, response_width, rows, kept):
+        tensor = {name: torch.ones(rows, response_width) for name in (
+            "logprobs", "ref_logprobs", "entropy", "values", "kl", "rewards", "advantages",
+            "returns")}  # fmt: skip
+        return Rollout(
+            query=torch.full((rows, query_width), 7), query_mask=torch.ones(rows, query_width),
+            response=torch.full((rows, response_width), 5),
+            response_mask=torch.ones(rows, response_width), **tensor,
+            raw_scores=torch.ones(rows), scores=torch.ones(rows),
+            eos_emitted=torch.ones(rows, dtype=torch.bool), prompts=["p"] * rows,
+            responses=["r"] * rows, kept=kept, timings={"generate": 1.0},
+        )  # fmt: skip
+
+    joined = Rollout.concat([part(2, 3, 2, None), part(4, 1, 1, torch.tensor([False]))], pad_id=0)
+    assert joined.query.tolist() == [[0, 0, 7, 7], [0, 0, 7, 7], [7, 7, 7, 7]]
+    assert joined.query_mask.tolist() == [[0, 0, 1, 1], [0, 0, 1, 1], [1, 1, 1, 1]]
+    assert joined.response.tolist() == [[5, 5, 5], [5, 5, 5], [5, 0, 0]]
+    assert joined.response_mask.sum().item() == 7
+    assert joined.kept.tolist() == [True, True, False]  # a part that kept every row: all True
+    assert joined.prompts == ["p"] * 3 and joined.timings == {"generate": 2.0}
+    assert len(joined) == 3 and joined.returns.shape == (3, 3)

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from helpers import stage_config
 from rlhfkit.config import SFTConfig
 from rlhfkit.data import Demonstration, SFTCollator, encode_demonstrations
 from rlhfkit.tracking import read_jsonl
@@ -30,24 +31,12 @@ def qa_demos(n: int, seed: int) -> list[Demonstration]:
 
 
 def _config(tmp_path, model_dir, **overrides):
-    fields = dict(
-        model=str(model_dir),
-        output_dir=str(tmp_path / "sft"),
-        train_data="unused",
-        eval_data=None,
-        batch_size=8,
-        max_steps=30,
-        learning_rate=3e-3,
-        lr_scheduler="constant",
-        warmup_steps=0,
-        log_every=5,
-        eval_every=15,
-        cpu=True,
-        report_to=[],
-        max_length=64,
-    )
-    fields.update(overrides)
-    return SFTConfig(**fields)
+    return stage_config(
+        SFTConfig, tmp_path / "sft",
+        **{"model": str(model_dir), "eval_data": None, "batch_size": 8, "max_steps": 30,
+           "learning_rate": 3e-3, "warmup_steps": 0, "log_every": 5, "eval_every": 15,
+           "max_length": 64, "resume": True, **overrides},
+    )  # fmt: skip
 
 
 def test_loss_is_mean_nll_of_response_tokens_only(tiny_model, tiny_tokenizer, tmp_path):

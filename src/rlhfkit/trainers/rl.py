@@ -221,6 +221,14 @@ class RLTrainer(Trainer):
         return self.maker.scorer
 
     @property
+    def plot_keys(self) -> tuple[str, ...]:
+        """The curves of `curves.png`: score, KL, entropy, length, and the critic's fit."""
+        keys = ("score/mean", "kl/ref", "policy/entropy", "response/length")
+        if self.config.critic != "none":
+            keys += ("value/explained_variance",)
+        return tuple(f"train/{key}" for key in keys)
+
+    @property
     def models(self) -> RolloutModels:
         return self.maker.models
 
