@@ -57,6 +57,15 @@ def test_a_second_run_is_refused_naming_the_holder_and_a_stale_lock_is_taken_ove
     assert not (run / lock.LOCK_FILE).exists()  # released at the end
 
 
+def test_an_output_dir_that_is_a_file_is_refused_naming_it(tmp_path):
+    (tmp_path / "taken").write_text("not a directory")
+    for output_dir in (tmp_path / "taken", tmp_path / "taken" / "run"):
+        refused = pytest.raises(UsageError, match=f"output_dir '{output_dir}': .*taken is a file")
+        with refused, lock.output_lock(output_dir):
+            pass
+    assert (tmp_path / "taken").read_text() == "not a directory"
+
+
 def test_one_process_cannot_take_its_own_held_lock_twice(tmp_path):
     with lock.output_lock(tmp_path) as path:
         assert json.loads(path.read_text())["pid"] == os.getpid()

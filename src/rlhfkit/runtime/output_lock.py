@@ -55,7 +55,15 @@ def output_lock(output_dir: str | Path) -> Iterator[Path | None]:
         yield None
         return
     path = Path(output_dir) / LOCK_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as error:
+        directory = path.parent
+        file = next(p for p in (directory, *directory.parents) if p.exists() and not p.is_dir())
+        raise UsageError(
+            f"output_dir {str(output_dir)!r}: {file} is a file, not a directory; give the path "
+            "of a directory (it is made if it does not exist)"
+        ) from error
     fd = _locked_fd(path)
     try:
         os.ftruncate(fd, 0)

@@ -141,7 +141,8 @@ class RLTrainer(Trainer):
         self.eval_prompts = eval_prompts or []
         self.gold = config.gold_scorer(tokenizer)
         scorer = prepare_scorer(as_scorer(scorer), self.runtime, config.padding_free)
-        if reference is None and self.runtime.side_by_side and is_lora_lm(self.unwrapped_model):
+        side_by_side = self.runtime.side_by_side and config.has_reference
+        if reference is None and side_by_side and is_lora_lm(self.unwrapped_model):
             # Its own module on the base weights: the reference pass runs beside the policy's.
             reference = base_view(self.unwrapped_model)
         models = RolloutModels(self.unwrapped_model, reference, critic, config.has_reference)
