@@ -3,6 +3,7 @@ before anything is saved from it, naming the step and the quantity; `skip_nonfin
 skips and counts such steps instead."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -225,3 +226,47 @@ def test_a_nan_value_in_the_rollout_stops_ppo_naming_it(tiny_tokenizer, tmp_path
         trainer.train()
     after = trainer.unwrapped_model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def _poison_minibatch(trainer: RLTrainer, call: int) -> None:
+    """Make the policy loss of the ``call``-th micro-batch (counted from 1) NaN."""
+    learner = trainer.update_schedule[0]
+    loss, calls = learner.loss, []
+
+    def poisoned(mb, weight):
+        calls.append(1)
+        value, stats = loss(mb, weight)
+        return (value * math.nan if len(calls) == call else value), stats
+
+    learner.loss = poisoned
+
+
+@pytest.mark.parametrize("skips", [0, 1])
+def test_an_rl_iteration_that_diverges_after_a_minibatch_step_is_undone_and_skipped(
+    skips, tiny_tokenizer, tmp_path
+):
+    # 8 prompts an iteration in minibatches of 4: two optimiser steps an iteration, and the
+    # second of iteration 2 (the 4th micro-batch) is NaN, after the first has been taken.
+    fields = {**RL_FIELDS, "max_steps": 3, "ppo_epochs": 1, "rollout_batch_size": 8}
+    config = RLConfig(**fields, output_dir=str(tmp_path), skip_nonfinite_steps=skips, cpu=True)
+    trainer = RLTrainer(
+        config, tiny_lm(tiny_tokenizer), tiny_tokenizer, tiny_prompts(tiny_tokenizer, 16),
+        TargetFraction(), critic=ValueModel(tiny_lm(tiny_tokenizer, seed=1).transformer),
+    )  # fmt: skip
+    _poison_minibatch(trainer, call=4)
+    trainer.train(stop_after=1)
+    before = {k: v.clone() for k, v in trainer.models.policy.state_dict().items()}
+    moments = [s["exp_avg"].clone() for s in trainer.learners["policy"].optimizer.state.values()]
+    if not skips:
+        with pytest.raises(RunError, match="at step 2 .*grad_norm/policy is nan"):
+            trainer.train(stop_after=1)
+        return
+    trainer.train(stop_after=1)  # iteration 2: undone, skipped
+    after = trainer.models.policy.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    optimizer = trainer.learners["policy"].optimizer
+    assert all(
+        torch.equal(s["exp_avg"], m) for s, m in zip(optimizer.state.values(), moments, strict=True)
+    )
+    assert trainer.learners["policy"].scheduler.last_epoch == 2  # iteration 1's two steps
+    assert trainer.state.skipped_steps == 1 and trainer.train().complete

@@ -72,6 +72,7 @@ DeepSpeed.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -564,22 +565,55 @@ class Trainer:
 
         Such a step stops the run (`RunError`) before anything is saved from that state, so
         the newest checkpoint stays a good resume point; `skip_nonfinite_steps` skips up to
-        that many instead, each only where no optimiser step of it was taken (PPO updates in
-        several): the step's gradients are dropped and neither weights, AdamW moments nor the
-        learning-rate schedule change (the schedule ends that many steps short of its end)."""
+        that many instead: the step's gradients are dropped and neither weights, AdamW moments,
+        the learning-rate schedule (which then ends that many steps short of its end) nor the
+        trainer's own state change. A step of several optimiser steps (an RL iteration's
+        minibatches) is undone from a copy taken before it, kept while skips are left."""
         taken = self._steps_taken()
+        before = self._state_before_step()
         try:
             return self.train_step()
         except NonFiniteError as error:
             step = self.state.step + 1
             clean = self._steps_taken() == taken
-            if not clean or self.state.skipped_steps >= self.config.skip_nonfinite_steps:
+            left = self.state.skipped_steps < self.config.skip_nonfinite_steps
+            if not left or (not clean and before is None):
                 raise RunError(self._nonfinite_message(error, step)) from error
+            if not clean:
+                self._restore_state_before_step(before)
             logger.warning("step %d skipped: %s (skip_nonfinite_steps)", step, error)
         for learner in self.learners.values():
             learner.optimizer.zero_grad(set_to_none=True)
         self.state.skipped_steps += 1
         return None
+
+    def _state_before_step(self) -> dict[str, Any] | None:
+        """What a step of several optimiser steps changes, copied (the trained weights, each
+        learner's AdamW and schedule, the trainer's own state), where such a step may still be
+        skipped; None otherwise (a step of one optimiser step is skipped before it is taken)."""
+        several = self.config.optimizer_steps(1, self.accelerator.num_processes) > 1
+        if not several or self.state.skipped_steps >= self.config.skip_nonfinite_steps:
+            return None
+        learners = {
+            name: {
+                "weights": [p.detach().clone() for p in learner.params],
+                "optimizer": copy.deepcopy(learner.optimizer.state_dict()),
+                "scheduler": copy.deepcopy(learner.scheduler.state_dict()),
+            }
+            for name, learner in self.learners.items()
+        }
+        return {"learners": learners, "extra": copy.deepcopy(self.extra_state())}
+
+    def _restore_state_before_step(self, before: dict[str, Any]) -> None:
+        """Undo a step from ``_state_before_step``'s copy."""
+        with torch.no_grad():
+            for name, learner in self.learners.items():
+                saved = before["learners"][name]
+                for param, value in zip(learner.params, saved["weights"], strict=True):
+                    param.copy_(value)
+                learner.optimizer.load_state_dict(saved["optimizer"])
+                learner.scheduler.load_state_dict(saved["scheduler"])
+        self.load_extra_state(before["extra"])
 
     def _steps_taken(self) -> int:
         """Optimiser steps taken by every learner so far (their schedules count them)."""
