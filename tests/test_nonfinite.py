@@ -97,10 +97,17 @@ def test_skipped_steps_change_nothing_and_are_counted(tiny_model_dir, tiny_token
 
 
 def test_more_bad_steps_than_may_be_skipped_stop(tiny_model_dir, tiny_tokenizer, tmp_path):
-    trainer = _toy(tiny_model_dir, tiny_tokenizer, tmp_path, skip_nonfinite_steps=1)
+    # Logging every 10 steps: no interval ends before the run stops.
+    trainer = _toy(tiny_model_dir, tiny_tokenizer, tmp_path, skip_nonfinite_steps=1, log_every=10)
     trainer.poisoned = (2, 4)
-    with pytest.raises(RunError, match="at step 4 .*: loss is nan"):
+    with pytest.raises(
+        RunError, match="at step 4 .*, after 1 such step.s. skipped .*: loss is nan"
+    ):
         trainer.train()
+    failure = json.loads((tmp_path / "failed.json").read_text())
+    assert failure["step"] == 3 and failure["skipped_steps"] == 1
+    logged = [row for row in read_jsonl(tmp_path / "metrics.jsonl") if "train/skipped_steps" in row]
+    assert logged[-1]["train/skipped_steps"] == 1  # logged, though the run stopped
 
 
 def test_skip_nonfinite_steps_is_checked(tmp_path):

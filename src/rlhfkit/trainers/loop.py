@@ -453,9 +453,16 @@ class Trainer:
         stopped on an error says so; the next start removes it. On a full disk this write
         fails too: logged, so that the error raised stays the first one."""
         if self.accelerator.is_main_process and self.output_dir.is_dir():
-            failure = {"step": self.state.step, "error": f"{type(error).__name__}: {error}"}
+            failure = {
+                "step": self.state.step,
+                "error": f"{type(error).__name__}: {error}",
+                "skipped_steps": self.state.skipped_steps,
+            }
             with _logged_instead(f"recording the failure in {self.output_dir / FAILED_FILE}"):
                 ckpt.write_json(failure, self.output_dir / FAILED_FILE)
+                if self.tracker is not None and self.config.skip_nonfinite_steps:
+                    skipped = {"train/skipped_steps": self.state.skipped_steps}
+                    self.tracker.log(skipped, self.state.step)
 
     def _prepare_run(self) -> bool:
         """Resume or clear `output_dir`; True if the run is already complete."""
@@ -620,9 +627,12 @@ class Trainer:
         return sum(learner.scheduler.last_epoch for learner in self.learners.values())
 
     def _nonfinite_message(self, error: NonFiniteError, step: int) -> str:
-        """What stopped at which step, that nothing was saved from it, and what to try."""
+        """What stopped at which step (after how many skipped), that nothing was saved from
+        it, and what to try."""
+        skipped = self.state.skipped_steps
+        after = f", after {skipped} such step(s) skipped (skip_nonfinite_steps)" if skipped else ""
         return (
-            f"training diverged at step {step} of {self.output_dir}: {error.quantity} is "
+            f"training diverged at step {step} of {self.output_dir}{after}: {error.quantity} is "
             f"{error.value}, not a finite number, so the run stopped before saving anything "
             "from that step (the newest checkpoint there, if any, is the last good one). "
             "Try a lower learning_rate, gradient clipping "
