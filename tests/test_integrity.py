@@ -5,7 +5,11 @@ name their file and never hide behind the failure handler's own."""
 import errno
 import json
 import logging
+import os
+import resource
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -180,3 +184,32 @@ def test_a_disk_error_in_a_writer_of_another_library_names_its_file(
     assert "1,000 bytes of it" in str(caught.value) and "it is removed" in str(caught.value)
     assert not (tmp_path / ".tmp-checkpoint-1").exists()
     assert json.loads((tmp_path / loop.FAILED_FILE).read_text())["step"] == 1
+
+
+FULL_DISK_WRITE = """
+import signal, sys, torch
+from rlhfkit import checkpoint as ckpt
+from rlhfkit.errors import DiskWriteError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+try:
+    ckpt.save_state({"weights": torch.zeros(100_000)}, sys.argv[1])
+except DiskWriteError as error:
+    print(error)
+"""
+
+
+def test_a_safetensors_write_past_the_file_size_limit_is_named_by_its_errno(tmp_path):
+    """A real failing write (a process limited to 64 kB files): safetensors' own error
+    carries no errno, and its message's "(os error 27)" is read as EFBIG."""
+
+    def limit_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65_536, 65_536))
+
+    target = tmp_path / "state.safetensors"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(
+        [sys.executable, "-c", FULL_DISK_WRITE, str(target)], preexec_fn=limit_files,
+        capture_output=True, text=True, env=env, timeout=120, check=True,
+    )  # fmt: skip
+    assert "writing 400,0" in result.stdout and f"to {target} failed" in result.stdout
+    assert "File too large (EFBIG)" in result.stdout and "bytes free on its disk" in result.stdout

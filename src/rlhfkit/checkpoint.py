@@ -389,13 +389,28 @@ def _manifest_entries(directory: Path) -> dict[str, dict[str, Any]] | None:
 
 
 # --------------------------------------------------------------------------- disk errors
+_NOT_THE_DISK = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # a wrong path, not a failing disk
+
+
+def _errno_of(error: BaseException) -> int | None:
+    """The errno of an OSError, or of the one safetensors wraps (its errors carry none of
+    their own: "I/O error: No space left on device (os error 28)")."""
+    if isinstance(error, OSError):
+        return error.errno
+    found = re.search(r"\(os error (\d+)\)", str(error))
+    return int(found.group(1)) if found else None
+
+
 def _is_disk_error(error: BaseException) -> bool:
-    """An OSError, or safetensors' wrapping of one (its errors carry no errno)."""
+    """An OSError, or safetensors' wrapping of one, other than a wrong path."""
     if isinstance(error, DiskWriteError):
         return False  # already told
-    if isinstance(error, OSError):
-        return not isinstance(error, FileNotFoundError | IsADirectoryError | NotADirectoryError)
-    return isinstance(error, SafetensorError) and "Io" in str(error)
+    if not isinstance(error, OSError | SafetensorError):
+        return False
+    code = _errno_of(error)
+    if code is None:
+        return isinstance(error, OSError)
+    return code not in _NOT_THE_DISK
 
 
 def _free_bytes(path: Path) -> int | None:
@@ -411,7 +426,7 @@ def _free_bytes(path: Path) -> int | None:
 
 def _disk_reason(path: Path, error: BaseException) -> str:
     """ "No space left on device (ENOSPC); 1,024 bytes free on its disk"."""
-    code = getattr(error, "errno", None)
+    code = _errno_of(error)
     reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code else str(error)
     free = _free_bytes(path)
     return reason + (f"; {free:,} bytes free on its disk" if free is not None else "")
