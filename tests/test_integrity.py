@@ -6,7 +6,6 @@ import errno
 import json
 import logging
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -186,30 +185,48 @@ def test_a_disk_error_in_a_writer_of_another_library_names_its_file(
     assert json.loads((tmp_path / loop.FAILED_FILE).read_text())["step"] == 1
 
 
-FULL_DISK_WRITE = """
-import signal, sys, torch
+WRITES_PAST_A_LIMIT = """
+import resource, signal, sys, torch
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.errors import DiskWriteError
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+from rlhfkit.runtime.output_lock import output_lock
+from rlhfkit.tracking import Tracker
+where, writer, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # after the imports, which write
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
 try:
-    ckpt.save_state({"weights": torch.zeros(100_000)}, sys.argv[1])
+    if writer == "checkpoint":
+        ckpt.save_state({"weights": torch.zeros(100_000)}, where + "/state.safetensors")
+    elif writer == "metrics":
+        Tracker(where, report_to=[]).log({"loss": 1.0}, step=1)
+    else:
+        with output_lock(where):
+            pass
 except DiskWriteError as error:
     print(error)
 """
 
 
-def test_a_safetensors_write_past_the_file_size_limit_is_named_by_its_errno(tmp_path):
-    """A real failing write (a process limited to 64 kB files): safetensors' own error
-    carries no errno, and its message's "(os error 27)" is read as EFBIG."""
-
-    def limit_files():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (65_536, 65_536))
-
-    target = tmp_path / "state.safetensors"
+@pytest.mark.parametrize(
+    ("writer", "limit", "written"),
+    [
+        ("checkpoint", 65_536, "writing 400,0"),  # safetensors' error: "(os error 27)"
+        ("metrics", 100, "bytes to {where}/metrics.jsonl failed"),
+        ("lock", 0, "bytes to {where}/run.lock failed"),
+    ],
+)
+def test_a_write_past_a_real_file_size_limit_names_its_file_and_errno(
+    writer, limit, written, tmp_path
+):
+    """Each writer in a process whose files may not grow past ``limit`` bytes: the failure
+    names the file, the bytes and the errno (EFBIG), never a bare OSError."""
+    where = tmp_path / "run"
+    where.mkdir()
+    (where / "metrics.jsonl").write_text("x" * 90 + "\n")  # near the metrics' limit
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, "-c", FULL_DISK_WRITE, str(target)], preexec_fn=limit_files,
+        [sys.executable, "-c", WRITES_PAST_A_LIMIT, str(where), writer, str(limit)],
         capture_output=True, text=True, env=env, timeout=120, check=True,
     )  # fmt: skip
-    assert "writing 400,0" in result.stdout and f"to {target} failed" in result.stdout
+    assert written.format(where=where) in result.stdout, result.stdout + result.stderr
     assert "File too large (EFBIG)" in result.stdout and "bytes free on its disk" in result.stdout

@@ -28,7 +28,6 @@ whose writing failed is removed at once rather than holding its space until the 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import logging
@@ -43,10 +42,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from safetensors.torch import save_file
 
-from rlhfkit.errors import DamagedError, DiskWriteError
+from rlhfkit.errors import DamagedError, DiskWriteError, disk_errors, disk_reason, is_disk_error
 
 logger = logging.getLogger(__name__)
 
@@ -389,63 +388,6 @@ def _manifest_entries(directory: Path) -> dict[str, dict[str, Any]] | None:
 
 
 # --------------------------------------------------------------------------- disk errors
-_NOT_THE_DISK = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # a wrong path, not a failing disk
-
-
-def _errno_of(error: BaseException) -> int | None:
-    """The errno of an OSError, or of the one safetensors wraps (its errors carry none of
-    their own: "I/O error: No space left on device (os error 28)")."""
-    if isinstance(error, OSError):
-        return error.errno
-    found = re.search(r"\(os error (\d+)\)", str(error))
-    return int(found.group(1)) if found else None
-
-
-def _is_disk_error(error: BaseException) -> bool:
-    """An OSError, or safetensors' wrapping of one, other than a wrong path."""
-    if isinstance(error, DiskWriteError):
-        return False  # already told
-    if not isinstance(error, OSError | SafetensorError):
-        return False
-    code = _errno_of(error)
-    if code is None:
-        return isinstance(error, OSError)
-    return code not in _NOT_THE_DISK
-
-
-def _free_bytes(path: Path) -> int | None:
-    """Bytes free on the disk that holds `path` (its nearest existing ancestor)."""
-    for folder in [path, *path.parents]:
-        if folder.exists():
-            try:
-                return shutil.disk_usage(folder).free
-            except OSError:
-                return None
-    return None
-
-
-def _disk_reason(path: Path, error: BaseException) -> str:
-    """ "No space left on device (ENOSPC); 1,024 bytes free on its disk"."""
-    code = _errno_of(error)
-    reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code else str(error)
-    free = _free_bytes(path)
-    return reason + (f"; {free:,} bytes free on its disk" if free is not None else "")
-
-
-@contextmanager
-def disk_errors(path: str | Path, size: int | None = None) -> Iterator[None]:
-    """A write of `size` bytes to `path`: its disk's failure as a `DiskWriteError` naming the
-    file, the bytes and the space left."""
-    try:
-        yield
-    except Exception as error:
-        if not _is_disk_error(error):
-            raise
-        what = f"{size:,} bytes" if size is not None else "bytes"
-        reason = _disk_reason(Path(path), error)
-        raise DiskWriteError(f"writing {what} to {path} failed: {reason}") from error
-
-
 @contextmanager
 def removed_on_error(tmp: Path, remove: bool = True) -> Iterator[None]:
     """Writing the temporary directory `tmp`: on any failure it is removed at once (where
@@ -455,7 +397,7 @@ def removed_on_error(tmp: Path, remove: bool = True) -> Iterator[None]:
     try:
         yield
     except BaseException as error:
-        message = _disk_error_in(tmp, error) if _is_disk_error(error) else None
+        message = _disk_error_in(tmp, error) if is_disk_error(error) else None
         if remove:
             shutil.rmtree(tmp, ignore_errors=True)
         if message is None:
@@ -474,6 +416,6 @@ def _disk_error_in(tmp: Path, error: BaseException) -> str:
     partial = f"{path.stat().st_size:,} bytes of it and " if path.is_file() else ""
     held = sum(p.stat().st_size for p in files)
     return (
-        f"writing {path} failed: {_disk_reason(path, error)} ({partial}{held:,} bytes in all "
+        f"writing {path} failed: {disk_reason(path, error)} ({partial}{held:,} bytes in all "
         f"written into {tmp} by then"
     )

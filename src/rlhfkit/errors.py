@@ -7,9 +7,19 @@ does for a bad option or config value (`config.ConfigError`). `RunError`: an ant
 failure once the run is under way, such as a reward function that raises or returns no usable
 score; exit code 1. Each message says what failed, where (file and line, field or option,
 sample), what is allowed and what to do, so that no traceback is needed to act on it.
+
+`disk_errors` turns a write's failure for a reason of the disk (told by errno) into a
+`DiskWriteError` naming the file, the bytes and the space left, for every writer.
 """
 
+import errno
 import math
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 
 class UsageError(ValueError):
@@ -67,3 +77,59 @@ class DamagedError(UsageError):
 class DiskWriteError(RunError):
     """Writing a file failed for a reason of the disk (full, over a quota, read-only, an I/O
     error). Names the file, the bytes being written and the space left."""
+
+
+# --------------------------------------------------------------------------- disk errors
+_NOT_THE_DISK = (errno.ENOENT, errno.EISDIR, errno.ENOTDIR)  # a wrong path, not a failing disk
+
+
+def _errno_of(error: BaseException) -> int | None:
+    """The errno of an OSError, or of the one a Rust library wraps in an error of its own
+    without one (safetensors: "I/O error: No space left on device (os error 28)")."""
+    if isinstance(error, OSError):
+        return error.errno
+    found = re.search(r"I/O error: .*\(os error (\d+)\)", str(error))
+    return int(found.group(1)) if found else None
+
+
+def is_disk_error(error: BaseException) -> bool:
+    """An OSError, or a library's wrapping of one, other than a wrong path; told by errno."""
+    if isinstance(error, DiskWriteError):
+        return False  # already told
+    code = _errno_of(error)
+    if code is None:
+        return isinstance(error, OSError)
+    return code not in _NOT_THE_DISK
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes free on the disk that holds `path` (its nearest existing ancestor)."""
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def disk_reason(path: Path, error: BaseException) -> str:
+    """ "No space left on device (ENOSPC); 1,024 bytes free on its disk"."""
+    code = _errno_of(error)
+    reason = f"{os.strerror(code)} ({errno.errorcode.get(code, code)})" if code else str(error)
+    free = _free_bytes(path)
+    return reason + (f"; {free:,} bytes free on its disk" if free is not None else "")
+
+
+@contextmanager
+def disk_errors(path: str | Path, size: int | None = None) -> Iterator[None]:
+    """A write of `size` bytes to `path`: its disk's failure as a `DiskWriteError` naming the
+    file, the bytes and the space left."""
+    try:
+        yield
+    except Exception as error:
+        if not is_disk_error(error):
+            raise
+        what = f"{size:,} bytes" if size is not None else "bytes"
+        reason = disk_reason(Path(path), error)
+        raise DiskWriteError(f"writing {what} to {path} failed: {reason}") from error

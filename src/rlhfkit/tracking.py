@@ -42,7 +42,7 @@ from typing import Any
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from rlhfkit.errors import UsageError
+from rlhfkit.errors import UsageError, disk_errors
 from rlhfkit.text import markdown_cell
 
 logger = logging.getLogger(__name__)
@@ -109,8 +109,9 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def _truncate_after(path: Path, step: int) -> None:
     """Drop rows logged after `step` (left by an interrupted run that is being resumed)."""
     rows = [row for row in read_jsonl(path) if row.get("step", 0) <= step]
-    with path.open("w", encoding="utf-8") as f:
-        f.writelines(json.dumps(row) + "\n" for row in rows)
+    text = "".join(json.dumps(row) + "\n" for row in rows)
+    with disk_errors(path, len(text)), path.open("w", encoding="utf-8") as f:
+        f.write(text)
 
 
 class Tracker:
@@ -204,9 +205,12 @@ class Tracker:
         if not self.enabled or not metrics:
             return
         values = {key: _to_number(value) for key, value in metrics.items()}
-        row = {"step": int(step), "time": time.time(), **values}
-        with self.metrics_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        line = json.dumps({"step": int(step), "time": time.time(), **values}) + "\n"
+        with (
+            disk_errors(self.metrics_path, len(line)),
+            self.metrics_path.open("a", encoding="utf-8") as f,
+        ):
+            f.write(line)
         if self._writer is not None:
             for key, value in values.items():
                 self._writer.add_scalar(key, value, step)
@@ -229,9 +233,14 @@ class Tracker:
         """
         if not self.enabled or not rows:
             return
-        with self.samples_path.open("a", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps({"step": int(step), "tag": tag, **row}, default=str) + "\n")
+        lines = "".join(
+            json.dumps({"step": int(step), "tag": tag, **row}, default=str) + "\n" for row in rows
+        )
+        with (
+            disk_errors(self.samples_path, len(lines)),
+            self.samples_path.open("a", encoding="utf-8") as f,
+        ):
+            f.write(lines)
         if self._writer is not None:
             self._writer.add_text(tag, _markdown_table(rows), step)
         for tracker in self._external:

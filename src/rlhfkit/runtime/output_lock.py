@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rlhfkit.errors import UsageError
+from rlhfkit.errors import UsageError, disk_errors
 
 try:
     import fcntl
@@ -66,9 +66,11 @@ def output_lock(output_dir: str | Path) -> Iterator[Path | None]:
         ) from error
     fd = _locked_fd(path)
     try:
-        os.ftruncate(fd, 0)
-        os.write(fd, json.dumps(_holder()).encode())
-        os.fsync(fd)
+        holder = json.dumps(_holder()).encode()
+        with disk_errors(path, len(holder)):
+            os.ftruncate(fd, 0)
+            os.write(fd, holder)
+            os.fsync(fd)
         yield path
     finally:
         path.unlink(missing_ok=True)  # before the close: no one locks a file being removed
