@@ -1,6 +1,7 @@
 """Labelling: the web app over HTTP (Starlette's test client), and `rlhfkit label prepare` /
 `export` on files and a tiny model."""
 
+import errno
 import json
 import re
 import uuid
@@ -14,6 +15,7 @@ from rlhfkit.data import PromptRecord, encode_prompts, load_records
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.interact.sampling import sample_responses
+from rlhfkit.labelling import export as export_module
 from rlhfkit.labelling import prepare as prepare_module
 from rlhfkit.labelling.app import create_app
 from rlhfkit.labelling.guidelines import read_guidelines, render_guidelines
@@ -518,6 +520,21 @@ def test_export_formats_from_the_command_line(tmp_path, capsys):
         main(["label", "export", "--db", db, "--out", out, "--format", "parquet"])
     assert info.value.code == 2
     assert "expected a .parquet file path (format 'parquet')" in capsys.readouterr().err
+
+
+def test_an_export_on_a_full_disk_names_its_file_and_exits_1(tmp_path, capsys, monkeypatch):
+    source = str(write_jsonl(tmp_path / "r.jsonl", [{"prompt": "a", "responses": ["x", "y"]}]))
+    db = str(tmp_path / "l.db")
+    assert main(["label", "prepare", "--db", db, "--responses", source]) == 0
+
+    def full(records, path):  # as pyarrow's writer fails when the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setitem(export_module.WRITERS, "parquet", full)
+    out = tmp_path / "p.parquet"
+    assert main(["label", "export", "--db", db, "--out", str(out), "--format", "parquet"]) == 1
+    err = capsys.readouterr().err
+    assert f"writing bytes to {out} failed: No space left on device (ENOSPC)" in err, err
 
 
 def test_prepare_leaves_out_a_record_with_two_identical_responses(tmp_path, caplog):

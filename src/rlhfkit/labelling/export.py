@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlhfkit.config import _check_literals, require
-from rlhfkit.errors import UsageError
+from rlhfkit.errors import UsageError, disk_errors
 from rlhfkit.labelling.agreement import agreement
 from rlhfkit.labelling.store import CHOICES, Store, Task, Vote
 
@@ -316,9 +316,12 @@ def run_export(config: ExportConfig) -> Path:
     finally:
         store.close()
     out = Path(config.out)
-    WRITERS[config.format](records, out)
+    with disk_errors(out):  # the writers' own: pyarrow's, datasets'
+        WRITERS[config.format](records, out)
     summary_file = summary_path(out)
-    summary_file.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(summary, indent=2) + "\n"
+    with disk_errors(summary_file, len(text)):
+        summary_file.write_text(text, encoding="utf-8")
     left_out = ", ".join(f"{n} {why}" for why, n in summary["left_out"].items())
     logger.info(
         "%d votes -> %d records (%d comparisons, %d rankings) in %s; left out: %s; "
