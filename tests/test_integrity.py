@@ -12,10 +12,11 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.cli import main
-from rlhfkit.errors import DamagedError, DiskWriteError, RunError
+from rlhfkit.errors import DamagedError, DiskWriteError, RunError, UsageError
 from rlhfkit.models.loading import load_causal_lm
 from rlhfkit.tracking import read_jsonl
 from rlhfkit.trainers import loop
@@ -120,6 +121,45 @@ def test_a_damaged_model_is_refused_naming_the_file(tiny_model_dir, tmp_path, ca
     argv = ["sample", "--model", str(model), "--prompt", '["the cat"]', "--max_new_tokens", "2"]
     assert main(argv) == 2
     assert "model.safetensors is damaged" in capsys.readouterr().err
+
+
+def _nan_in(path, tensor_name):
+    """Write NaN into the first values of one tensor of the safetensors file ``path``."""
+    tensors = load_file(path)
+    tensors[tensor_name] = tensors[tensor_name].clone()
+    tensors[tensor_name].view(-1)[:4] = float("nan")
+    save_file(tensors, path)
+
+
+def test_a_model_without_a_manifest_is_said_so_once_and_refused_if_not_finite(
+    tiny_model_dir, tmp_path, capsys, caplog
+):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    with caplog.at_level(logging.WARNING):
+        load_causal_lm(model)
+        load_causal_lm(model)
+    said = [r for r in caplog.records if "has no manifest.json" in r.getMessage()]
+    assert len(said) == 1 and str(model) in said[0].getMessage()
+    _nan_in(model / "model.safetensors", "transformer.h.0.mlp.c_fc.weight")
+    with pytest.raises(UsageError, match="model.safetensors holds 4 NaN or inf values in "):
+        load_causal_lm(model)
+    argv = ["eval", "--models", f"{{m: {model}}}", "--reference", str(tiny_model_dir),
+            "--reward_model", "null", "--task", "sentiment", "--max_prompts", "2"]  # fmt: skip
+    assert main(argv) == 2  # no NaN in any result: the model is refused
+    assert "h.0.mlp.c_fc.weight" in capsys.readouterr().err
+
+
+def test_a_checkpoint_without_a_manifest_is_refused_if_its_weights_are_not_finite(
+    tiny_model_dir, tiny_tokenizer, tmp_path, caplog
+):
+    _trainer(tiny_model_dir, tiny_tokenizer, tmp_path).train(stop_after=2)
+    (tmp_path / "checkpoint-2" / ckpt.MANIFEST_FILE).unlink()
+    weights = tmp_path / "checkpoint-2" / "model.safetensors"
+    _nan_in(weights, next(iter(load_file(weights))))
+    with pytest.raises(RunError, match="checkpoint-2: its weights .* hold NaN or inf values"):
+        _trainer(tiny_model_dir, tiny_tokenizer, tmp_path).train()
+    assert "checkpoint-2 has no manifest.json" in caplog.text
 
 
 def test_a_subdirectory_is_held_to_its_parents_manifest(tmp_path):

@@ -50,7 +50,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from rlhfkit.checkpoint import STATE_FILE, atomic_dir, verify
+from rlhfkit.checkpoint import MANIFEST_FILE, STATE_FILE, atomic_dir, verify
 from rlhfkit.data.sources import is_hub_name
 from rlhfkit.errors import UsageError
 from rlhfkit.models.reward_format import (
@@ -99,6 +99,48 @@ def check_model_source(name_or_path: str | os.PathLike, option: str = "model") -
             "model with save_pretrained (safetensors) where you trust it, or, if you trust its "
             f"source, set {TRUST_PICKLE}=1"
         )
+
+
+_WARNED_UNVERIFIED: set[Path] = set()
+_ASSETS = Path(__file__).resolve().parents[1] / "assets"
+
+
+def hold_unverified_weights(model: nn.Module, name_or_path: str | os.PathLike) -> None:
+    """A model loaded from a local directory without rlhfkit's manifest (another tool wrote
+    it, or its manifest was removed), whose files nothing could check: said once, and its
+    weights held finite, so that a damaged file is refused by name rather than sampled from.
+    A `UsageError` names the file and the tensor."""
+    path = Path(name_or_path)
+    if not path.is_dir() or verify(path):
+        return
+    shipped = path.resolve().is_relative_to(_ASSETS)  # the package's own, installed with it
+    if not shipped and path.resolve() not in _WARNED_UNVERIFIED:
+        _WARNED_UNVERIFIED.add(path.resolve())
+        logger.warning(
+            "%s has no %s (not written by rlhfkit, or its manifest removed): its files are not "
+            "checked against one; its weights are checked finite",
+            path,
+            MANIFEST_FILE,
+        )
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise UsageError(
+                f"model {str(path)!r}: {_file_holding(path, name)} holds {bad} NaN or inf "
+                f"values in {name}, so the model is damaged or diverged; use an intact copy "
+                "(the directory a stage wrote, with its manifest)"
+            )
+
+
+def _file_holding(path: Path, tensor: str) -> str:
+    """The weights file of ``path`` that holds ``tensor`` (a sharded model's index says)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        for name, file in weight_map.items():
+            if tensor.endswith(name) or name.endswith(tensor):
+                return file
+    return "model.safetensors"
 
 
 def _not_a_model(path: Path, names: set[str]) -> str:
@@ -309,6 +351,7 @@ def load_causal_lm(
             trust_remote_code=trust_remote_code,
             use_safetensors=_use_safetensors(),
         )
+    hold_unverified_weights(model, name_or_path)
     if tokenizer is not None:
         match_vocabulary(model, tokenizer, f"model {str(name_or_path)!r}")
     return fuse_gelu(model)
@@ -444,6 +487,7 @@ class ScalarHeadModel(nn.Module):
         turns a reward model checkpoint into a critic (InstructGPT's critic initialisation).
         """
         model = cls._load(path_or_name, per_token, dtype, revision, trust_remote_code)
+        hold_unverified_weights(model, path_or_name)
         if tokenizer is not None:
             match_vocabulary(model, tokenizer, f"{cls.role} {str(path_or_name)!r}")
         return model

@@ -978,6 +978,8 @@ class Trainer:
                 "version, or start again with resume: false"
             )
         self.load_trained_state(path, saved)
+        if not ckpt.verify(path):
+            self._hold_unverified_checkpoint(path, optimizers)
         for name, learner in self.learners.items():
             if self.sharded:
                 load_local_optimizer_state(learner.optimizer, optimizers[name])
@@ -986,6 +988,36 @@ class Trainer:
         self._load_rng(path / f"rng_state_{self.accelerator.process_index}.safetensors")
         self._saved_at = self.state.step
         logger.info("resumed from %s at step %d", path, self.state.step)
+
+    def _hold_unverified_checkpoint(self, path: Path, optimizers: dict[str, Any]) -> None:
+        """A checkpoint without its manifest (an older rlhfkit wrote it, or the manifest was
+        removed): said so, and its trained weights and optimiser moments held finite, which is
+        all that can be checked of it (a `RunError` naming the tensor)."""
+        logger.warning(
+            "%s has no %s: its files are not checked against one; its weights and optimiser "
+            "state are checked finite",
+            path,
+            ckpt.MANIFEST_FILE,
+        )
+        tensors = {f"weights {k}": v for k, v in self.trainable_state().items()}
+        for name, state in optimizers.items():
+            tensors |= {f"{name}'s optimiser {k}": v for k, v in _tensors_in(state).items()}
+        for what, tensor in tensors.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise RunError(
+                    f"checkpoint {path}: its {what} hold NaN or inf values, and it has no "
+                    f"{ckpt.MANIFEST_FILE} to tell a damaged file; delete it to resume from "
+                    "the one before, or start again with resume: false"
+                )
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """The trained parameters of every learner, by learner and name."""
+        return {
+            f"{name}.{key}": param.detach()
+            for name, learner in self.learners.items()
+            for key, param in learner.module.named_parameters()
+            if param.requires_grad
+        }
 
     def load_trained_state(self, path: Path, saved: dict[str, Any]) -> None:
         """The weights, schedules, step and the trainer's own state of checkpoint `path`
@@ -1027,3 +1059,16 @@ def _logged_instead(doing: str) -> Iterator[None]:
         yield
     except OSError as error:
         logger.error("%s failed as well: %s", doing, error)
+
+
+def _tensors_in(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor of a nested state (an optimiser's), by its path."""
+    if isinstance(state, torch.Tensor):
+        return {prefix: state}
+    if not isinstance(state, dict | list | tuple):
+        return {}
+    items = state.items() if isinstance(state, dict) else enumerate(state)
+    found: dict[str, torch.Tensor] = {}
+    for key, value in items:
+        found |= _tensors_in(value, f"{prefix}.{key}" if prefix else str(key))
+    return found
