@@ -5,6 +5,7 @@ pipeline; the tiny GPT-2 keeps its dropout (0.1) so that resume must restore the
 """
 
 import json
+import logging
 import math
 import random
 
@@ -364,3 +365,37 @@ def test_best_model_fields_are_checked():
         ConfigError, match="metric_for_best_model = 'loss' .* when eval_data is None"
     ):
         SFTConfig(eval_every=1, metric_for_best_model="loss", eval_data=None)
+
+
+def test_a_changed_learning_rate_applies_from_the_resumed_step_and_is_recorded(
+    tiny_model_dir, tiny_tokenizer, tmp_path, caplog
+):
+    first = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=1)
+    first.train(stop_after=3)
+    lr_at_3 = first.learners["model"].scheduler.get_last_lr()[0]
+    with caplog.at_level(logging.WARNING):
+        resumed = _trainer(
+            tiny_model_dir, tiny_tokenizer, tmp_path, save_every=1, learning_rate=1e-9
+        )
+        resumed.train(stop_after=0)  # loads the checkpoint of step 3, makes no step
+    assert "learning_rate 0.001 -> 1e-09 from step 3" in caplog.text
+    learner = resumed.learners["model"]
+    # The same point of the schedule (warmup, then cosine over 6 steps), at the new peak.
+    assert learner.scheduler.get_last_lr()[0] == pytest.approx(lr_at_3 * 1e-9 / 1e-3)
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at_3 * 1e-6)
+    resumed.train()
+    final = json.loads((tmp_path / "final" / "trainer_state.json").read_text())
+    assert final["config_changes"] == [{"step": 3, "changes": {"learning_rate": [1e-3, 1e-9]}}]
+
+
+def test_a_resume_refuses_a_changed_setting_that_shapes_the_run_unless_overridden(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=1).train(stop_after=2)
+    changed = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, seed=7, batch_size=2)
+    with pytest.raises(UsageError, match="batch_size: 4 -> 2; seed: 42 -> 7"):
+        changed.train()
+    overridden = _trainer(
+        tiny_model_dir, tiny_tokenizer, tmp_path, seed=7, batch_size=2, resume_override=True
+    )
+    assert overridden.train().complete

@@ -154,7 +154,12 @@ class TrainConfig:
     last step's model stays in the newest checkpoint."""
     resume: bool = True
     """Continue from the newest checkpoint in `output_dir` (and skip a finished run); False starts
-    over and deletes earlier checkpoints there."""
+    over and deletes earlier checkpoints there. A resumed run may change its learning rate and
+    schedule, length, cadences and KL weight (applied from the resumed step, logged, and kept
+    in trainer_state.json); a change of anything else is refused naming it."""
+    resume_override: bool = False
+    """Resume even where settings that shape the run's steps changed since its checkpoint (the
+    model, the data, batch sizes, the seed): the run goes on with the new ones."""
     mixed_precision: Literal["no", "bf16"] = "no"
     """Autocast precision: 'no' (fp32) or 'bf16'."""
     skip_nonfinite_steps: int = 0

@@ -118,6 +118,26 @@ logger = logging.getLogger(__name__)
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 CONFIG_FILE = "train_config.json"
+# The settings a resumed run may change: they apply from the resumed step on (the learning
+# rate and its schedule, how long the run goes, the cadence of logs, evaluations and
+# checkpoints, the KL's weight). Any other (the model, the data, batch shapes, the seed)
+# changes what the checkpoint's steps mean, and a resume refuses it unless `resume_override`.
+RESUMABLE_CHANGES = frozenset(
+    {
+        "learning_rate", "critic_learning_rate", "lr_scheduler", "warmup_steps",
+        "warmup_ratio", "max_steps", "num_epochs", "max_grad_norm", "weight_decay",
+        "log_every", "eval_every", "save_every", "keep_last", "sample_every", "num_samples",
+        "eval_batch_size", "max_eval_samples", "gold_functions", "metric_for_best_model",
+        "greater_is_better", "load_best_model_at_end", "skip_nonfinite_steps", "kl_coef",
+        "kl_target", "report_to", "project", "resume", "resume_override", "eval_data",
+        "forward_batch_size", "parallel_critic", "gradient_checkpointing",
+    }
+)  # fmt: skip
+# The settings of the learning-rate schedule: a change of one rebuilds it at the resumed step.
+_SCHEDULE_FIELDS = frozenset(
+    {"learning_rate", "critic_learning_rate", "lr_scheduler", "warmup_steps", "warmup_ratio",
+     "max_steps", "num_epochs"}
+)  # fmt: skip
 FAILED_FILE = "failed.json"  # written by a run that stopped on an error
 BEST_DIR = "best"  # the best evaluated model (`metric_for_best_model`)
 # What a person watches on an RL stage's progress bar (PPO, GRPO, RLOO): short name -> key.
@@ -149,6 +169,9 @@ class TrainerState:
     """The best value of `metric_for_best_model` so far (None: no evaluation gave one)."""
     best_step: int = -1
     """The step whose model `best/` holds (-1: none)."""
+    config_changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Settings changed on a resume: the step they apply from and each field's old and new
+    value (`RESUMABLE_CHANGES`, or any with `resume_override`)."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -964,6 +987,8 @@ class Trainer:
 
     def _load_checkpoint(self, path: Path) -> None:
         saved = ckpt.read_json(path / ckpt.STATE_FILE)
+        changes = self._config_changes(path, saved.get("config", {}), saved["step"])
+        peaks = {name: learner.scheduler.base_lrs for name, learner in self.learners.items()}
         if saved["total_steps"] != self.state.total_steps:
             message = "%s planned %d steps; continuing to this run's %d"
             logger.warning(message, path, saved["total_steps"], self.state.total_steps)
@@ -987,7 +1012,47 @@ class Trainer:
                 learner.optimizer.load_state_dict(optimizers[name])
         self._load_rng(path / f"rng_state_{self.accelerator.process_index}.safetensors")
         self._saved_at = self.state.step
+        if changes:
+            if _SCHEDULE_FIELDS & set(changes):
+                self._reschedule(peaks)
+            self.state.config_changes.append({"step": self.state.step, "changes": changes})
         logger.info("resumed from %s at step %d", path, self.state.step)
+
+    def _config_changes(self, path: Path, saved: dict[str, Any], step: int) -> dict[str, list[Any]]:
+        """Each field whose value differs from the run that wrote checkpoint ``path`` (its
+        ``saved`` config): [old, new], logged as applying from ``step`` on. A field outside
+        `RESUMABLE_CHANGES` is a `UsageError` naming it, unless `resume_override`."""
+        now = json.loads(json.dumps(self.config.to_dict()))  # as it was saved: lists, floats
+        changes = {k: [saved[k], v] for k, v in now.items() if k in saved and saved[k] != v}
+        fixed = sorted(k for k in changes if k not in RESUMABLE_CHANGES)
+        if fixed and not getattr(self.config, "resume_override", False):
+            listed = "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in fixed)
+            raise UsageError(
+                f"resume from {path}: the run that wrote it had other settings that shape its "
+                f"steps ({listed}), so it would not continue the same run. Give them as they "
+                "were, start afresh (resume: false, or another output_dir), or set "
+                "resume_override: true to go on with the new ones"
+            )
+        for field, (old, new) in changes.items():
+            if field not in ("resume", "resume_override"):
+                logger.warning("%s %r -> %r from step %d (resumed run)", field, old, new, step)
+        return {k: v for k, v in changes.items() if k not in ("resume", "resume_override")}
+
+    def _reschedule(self, peaks: dict[str, list[float]]) -> None:
+        """Each learner's schedule from the changed config on: its peak learning rates
+        (``peaks``, those this config built) and shape, at the step resumed."""
+        for name, learner in self.learners.items():
+            scheduler = learner.scheduler
+            scheduler.base_lrs = list(peaks[name])
+            for group, peak in zip(learner.optimizer.param_groups, peaks[name], strict=True):
+                group["initial_lr"] = peak
+            step = scheduler.last_epoch  # LambdaLR: transformers' schedules
+            lrs = [
+                peak * f(step) for peak, f in zip(peaks[name], scheduler.lr_lambdas, strict=True)
+            ]
+            for group, lr in zip(learner.optimizer.param_groups, lrs, strict=True):
+                group["lr"] = lr
+            scheduler._last_lr = list(lrs)
 
     def _hold_unverified_checkpoint(self, path: Path, optimizers: dict[str, Any]) -> None:
         """A checkpoint without its manifest (an older rlhfkit wrote it, or the manifest was
