@@ -154,7 +154,11 @@ def test_a_run_stopped_by_an_error_says_so_and_the_next_start_clears_it(
     broken = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=2)
     _fail_in_step(broken, 4, "the reward server went away")
     failure = json.loads((tmp_path / "failed.json").read_text())
-    assert failure == {"step": 3, "error": "RuntimeError: the reward server went away"}
+    assert failure == {
+        "step": 3,
+        "error": "RuntimeError: the reward server went away",
+        "skipped_steps": 0,
+    }
     resumed = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=2, resume=True)
     assert resumed.train().complete and resumed.state.step == 6
     assert not (tmp_path / "failed.json").exists()

@@ -987,12 +987,12 @@ class Trainer:
 
     def _load_checkpoint(self, path: Path) -> None:
         saved = ckpt.read_json(path / ckpt.STATE_FILE)
-        changes = self._config_changes(path, saved.get("config", {}), saved["step"])
-        peaks = {name: learner.scheduler.base_lrs for name, learner in self.learners.items()}
         if saved["total_steps"] != self.state.total_steps:
             message = "%s planned %d steps; continuing to this run's %d"
             logger.warning(message, path, saved["total_steps"], self.state.total_steps)
         self._check_launch(path, saved.get("launch", {"processes": 1, "fsdp": False}))
+        changes = self._config_changes(path, saved.get("config", {}), saved["step"])
+        peaks = {name: learner.scheduler.base_lrs for name, learner in self.learners.items()}
         optimizer_file = path / self._optimizer_file()
         optimizers = ckpt.load_state(optimizer_file)
         missing = [name for name in self.learners if name not in optimizers]
