@@ -165,7 +165,10 @@ class TrainConfig:
     skip_nonfinite_steps: int = 0
     """Skip up to this many steps whose loss or gradient norm is NaN or inf (counted in the
     metrics as train/skipped_steps) instead of stopping the run: a skipped step changes neither
-    the weights nor the optimiser state nor the learning-rate schedule. 0 stops at the first."""
+    the weights nor the optimiser state nor the learning-rate schedule. 0 stops at the first.
+    A step of several optimiser steps (an RL iteration's minibatches) keeps a copy of the
+    trained weights and optimiser state while skips are left, to undo itself: memory for a
+    second copy of both, and the time to make it each step."""
     cpu: bool = False
     """Train on the CPU even if an accelerator is available."""
     gradient_checkpointing: bool = False

@@ -129,10 +129,11 @@ RESUMABLE_CHANGES = frozenset(
         "log_every", "eval_every", "save_every", "keep_last", "sample_every", "num_samples",
         "eval_batch_size", "max_eval_samples", "gold_functions", "metric_for_best_model",
         "greater_is_better", "load_best_model_at_end", "skip_nonfinite_steps", "kl_coef",
-        "kl_target", "report_to", "project", "resume", "resume_override", "eval_data",
+        "kl_target", "report_to", "project", "eval_data",
         "forward_batch_size", "parallel_critic", "gradient_checkpointing",
     }
 )  # fmt: skip
+_HOW_TO_RESUME = ("resume", "resume_override")  # how a run starts, not a setting of it
 # The settings of the learning-rate schedule: a change of one rebuilds it at the resumed step.
 _SCHEDULE_FIELDS = frozenset(
     {"learning_rate", "critic_learning_rate", "lr_scheduler", "warmup_steps", "warmup_ratio",
@@ -1023,9 +1024,13 @@ class Trainer:
         ``saved`` config): [old, new], logged as applying from ``step`` on. A field outside
         `RESUMABLE_CHANGES` is a `UsageError` naming it, unless `resume_override`."""
         now = json.loads(json.dumps(self.config.to_dict()))  # as it was saved: lists, floats
-        changes = {k: [saved[k], v] for k, v in now.items() if k in saved and saved[k] != v}
+        changes = {
+            k: [saved[k], v]
+            for k, v in now.items()
+            if k in saved and saved[k] != v and k not in _HOW_TO_RESUME
+        }
         fixed = sorted(k for k in changes if k not in RESUMABLE_CHANGES)
-        if fixed and not getattr(self.config, "resume_override", False):
+        if fixed and not self.config.resume_override:
             listed = "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in fixed)
             raise UsageError(
                 f"resume from {path}: the run that wrote it had other settings that shape its "
@@ -1034,9 +1039,8 @@ class Trainer:
                 "resume_override: true to go on with the new ones"
             )
         for field, (old, new) in changes.items():
-            if field not in ("resume", "resume_override"):
-                logger.warning("%s %r -> %r from step %d (resumed run)", field, old, new, step)
-        return {k: v for k, v in changes.items() if k not in ("resume", "resume_override")}
+            logger.warning("%s %r -> %r from step %d (resumed run)", field, old, new, step)
+        return changes
 
     def _reschedule(self, peaks: dict[str, list[float]]) -> None:
         """Each learner's schedule from the changed config on: its peak learning rates
@@ -1066,7 +1070,7 @@ class Trainer:
         )
         tensors = {f"weights {k}": v for k, v in self.trainable_state().items()}
         for name, state in optimizers.items():
-            tensors |= {f"{name}'s optimiser {k}": v for k, v in _tensors_in(state).items()}
+            ckpt.flatten_state(state, tensors, prefix=f"{name}'s optimiser")
         for what, tensor in tensors.items():
             if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
                 raise RunError(
@@ -1124,16 +1128,3 @@ def _logged_instead(doing: str) -> Iterator[None]:
         yield
     except OSError as error:
         logger.error("%s failed as well: %s", doing, error)
-
-
-def _tensors_in(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
-    """Every tensor of a nested state (an optimiser's), by its path."""
-    if isinstance(state, torch.Tensor):
-        return {prefix: state}
-    if not isinstance(state, dict | list | tuple):
-        return {}
-    items = state.items() if isinstance(state, dict) else enumerate(state)
-    found: dict[str, torch.Tensor] = {}
-    for key, value in items:
-        found |= _tensors_in(value, f"{prefix}.{key}" if prefix else str(key))
-    return found
