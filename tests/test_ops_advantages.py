@@ -57,6 +57,35 @@ def test_gae_equals_plain_loop_on_right_padded_batch(gamma, lam):
     torch.testing.assert_close(returns, (expected + values) * mask)
 
 
+def test_gae_steps_over_an_episodes_environment_tokens():
+    # The hand example with two environment tokens between its first and second token: the
+    # recursion steps over them (no reward, no value, no discount), so the policy's tokens
+    # get the advantages and returns they get without them, and the others 0.
+    rewards = torch.tensor([[1.0, 7.0, 7.0, 0.0, 2.0, 0.0]])
+    values = torch.tensor([[0.5, 9.0, 9.0, 1.0, 1.5, 0.0]])
+    mask = torch.tensor([[1, 0, 0, 1, 1, 0]])
+    advantages, returns = gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    expected = torch.tensor([[1.9112, 0.0, 0.0, 0.71, 0.5, 0.0]])
+    torch.testing.assert_close(advantages, expected)
+    torch.testing.assert_close(returns, expected + values * mask)
+
+
+@pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.9, 0.8)])
+def test_gae_with_holes_equals_gae_of_the_policy_tokens_alone(gamma, lam):
+    torch.manual_seed(0)
+    mask = (torch.rand(4, 12) > 0.4).long()
+    rewards, values = torch.randn(4, 12), torch.randn(4, 12)
+    advantages, returns = gae(rewards, values, mask, gamma, lam)
+    for row in range(4):
+        kept = mask[row].bool()
+        compact, compact_returns = gae(
+            rewards[row][kept][None], values[row][kept][None], mask[row][kept][None], gamma, lam
+        )
+        torch.testing.assert_close(advantages[row][kept], compact[0])
+        torch.testing.assert_close(returns[row][kept], compact_returns[0])
+        assert (advantages[row][~kept] == 0).all()
+
+
 def test_gae_lambda_one_returns_are_reward_to_go():
     # gamma = lam = 1: returns are the undiscounted sum of future rewards, whatever the values.
     rewards = torch.tensor([[0.1, -0.2, 0.3, 1.0]])

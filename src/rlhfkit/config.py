@@ -572,7 +572,7 @@ class RewardOptions(RewardModelOptions):
             self,
             "reward_model",
             self.has_scorer or not required,
-            "a directory, unless reward_functions are given",
+            "a directory, unless reward_functions (or an environment's rewards) are given",
         )
         self._check_reward_models()
         n_scorers = (self.reward_model is not None) + len(self.reward_functions)
@@ -598,7 +598,9 @@ class ScorerOptions(RewardOptions):
     score_clip: float | None = None
     """Clip processed scores to [-score_clip, score_clip]; None = no clipping."""
 
-    def _check_scorers(self) -> None:
+    def _check_scorers(self, required: bool = True) -> None:
+        """The score options, and a scorer named unless not ``required`` (an environment's
+        rewards may be the only ones)."""
         penalty = self.missing_eos_penalty
         require(self, "missing_eos_penalty", penalty is None or penalty >= 0, "None or >= 0")
         require(
@@ -608,7 +610,7 @@ class ScorerOptions(RewardOptions):
             "False unless missing_eos_penalty is set",
         )
         require(self, "score_clip", self.score_clip is None or self.score_clip > 0, "None or > 0")
-        self._check_rewards()
+        self._check_rewards(required)
 
 
 @dataclass

@@ -53,8 +53,10 @@ from rlhfkit.data.encode import (
     encode_demonstrations,
     encode_pairs,
     encode_prompts,
+    encode_turn,
     group_by_prompt,
     load_prompts,
+    template_takes_tools,
 )
 from rlhfkit.data.records import (
     FIELDS,
@@ -96,9 +98,11 @@ __all__ = [
     "encode_demonstrations",
     "encode_pairs",
     "encode_prompts",
+    "encode_turn",
     "group_by_prompt",
     "load_prompts",
     "load_records",
     "pad",
     "ranked_scores",
+    "template_takes_tools",
 ]

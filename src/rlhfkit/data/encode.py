@@ -140,8 +140,18 @@ def _eos_id(tokenizer: Any) -> int:
     return tokenizer.eos_token_id
 
 
-def _template(tokenizer: Any, messages: list[Message], prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+def _template(
+    tokenizer: Any, messages: list[Message], prompt: bool, tools: list[dict] | None = None
+) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=prompt
+    )
+
+
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders tool schemas (``apply_chat_template``'s
+    ``tools``): its source reads them."""
+    return "tools" in str(getattr(tokenizer, "chat_template", None) or "")
 
 
 def _template_answer(tokenizer: Any, messages: list[Message], head: str, answer: str) -> str:
@@ -152,19 +162,53 @@ def _template_answer(tokenizer: Any, messages: list[Message], head: str, answer:
 
 
 def _render(
-    prompt: Prompt, responses: list[str], tokenizer: Any, chat_template: bool
+    prompt: Prompt,
+    responses: list[str],
+    tokenizer: Any,
+    chat_template: bool,
+    tools: list[dict] | None = None,
 ) -> tuple[str, bool, list[str]]:
-    """Prompt text, whether the tokenizer adds its special tokens (BOS) to it, response texts."""
+    """Prompt text, whether the tokenizer adds its special tokens (BOS) to it, response texts;
+    ``tools`` (JSON schemas) go to a template that takes them."""
     templated = bool(getattr(tokenizer, "chat_template", None))
     if isinstance(prompt, str):
         if not (chat_template and templated):
             return prompt, True, responses
         prompt = [{"role": "user", "content": prompt}]
     if not templated:
-        lines = [f"{m['role'].capitalize()}: {m['content']}" for m in prompt]
+        lines = [_plain_line(m) for m in prompt]
         return "\n".join([*lines, "Assistant:"]), True, [" " + r for r in responses]
-    head = _template(tokenizer, prompt, True)  # the template writes its own BOS
+    head = _template(tokenizer, prompt, True, tools)  # the template writes its own BOS
     return head, False, [_template_answer(tokenizer, prompt, head, r) for r in responses]
+
+
+def _plain_line(message: Message) -> str:
+    return f"{message['role'].capitalize()}: {message['content']}"
+
+
+_ANSWER_MARK = "rlhfkit-answer"  # stands for an answer while a template renders the next turn
+
+
+def encode_turn(messages: list[Message], tokenizer: Any) -> list[int]:
+    """The ids that follow the policy's EOS in an episode to add ``messages`` (the
+    environment's turn: a tool's result, the other side's reply) and open the assistant's
+    next turn, rendered as the conversation's prompt was: the template's text after an
+    answer (less the EOS the policy wrote) and for the messages, read off a rendering with
+    and without them; without a template, "\\nTool: ..." lines and "\\nAssistant:"."""
+    if not getattr(tokenizer, "chat_template", None):
+        text = "\n" + "\n".join([*map(_plain_line, messages), "Assistant:"])
+    else:
+        before = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _ANSWER_MARK}]
+        head = _template(tokenizer, before, False)
+        full = _template(tokenizer, [*before, *messages], True)
+        if not full.startswith(head):
+            raise ValueError(
+                "the chat template does not render a conversation as a prefix of its continuation"
+            )
+        after_answer = head[head.rindex(_ANSWER_MARK) + len(_ANSWER_MARK) :]
+        eos = tokenizer.eos_token or ""
+        text = after_answer.removeprefix(eos) + full[len(head) :]
+    return _token_ids(tokenizer, [text], False)[0]
 
 
 def _token_ids(tokenizer: Any, texts: list[str], special: bool) -> list[list[int]]:
@@ -241,17 +285,19 @@ def encode_prompts(
     keep: str = "end",
     *,
     chat_template: bool = True,
+    tools: list[dict] | None = None,
 ) -> tuple[list[list[int]], TruncationReport]:
     """Prompt ids of each record, at most `max_prompt_length` of them.
 
     `keep="end"` cuts from the left, keeping the text next to the response (chat, questions);
     `keep="start"` keeps the opening of a text to be continued (TRL's IMDb sentiment task).
-    `chat_template`: see the module docstring.
+    `chat_template`: see the module docstring. `tools`: JSON schemas for a template that
+    takes them (`template_takes_tools`).
     """
     _check_length("max_prompt_length", max_prompt_length, 1)
     if keep not in ("end", "start"):
         raise ValueError(f"keep={keep!r}: expected 'end' or 'start'")
-    texts = [_render(r.prompt, [], tokenizer, chat_template)[:2] for r in records]
+    texts = [_render(r.prompt, [], tokenizer, chat_template, tools)[:2] for r in records]
     report, prompts = TruncationReport(records=len(records)), []
     for ids in _encode_prompt_texts(tokenizer, texts):
         report.count(len(ids), min(len(ids), max_prompt_length), prompt=True)

@@ -25,7 +25,7 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +35,7 @@ from torch import nn
 
 from rlhfkit.data import PromptColumns
 from rlhfkit.errors import NonFiniteError
+from rlhfkit.experience.episodes import EpisodeOutput, EpisodeSettings, run_episodes
 from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
 from rlhfkit.experience.scorers import ScoreInput, Scorer
@@ -75,7 +76,9 @@ class Rollout:
     query: torch.Tensor  # (B, Tq) prompt ids, left-padded
     query_mask: torch.Tensor  # (B, Tq)
     response: torch.Tensor  # (B, Tr) sampled ids, pad after the first EOS
-    response_mask: torch.Tensor  # (B, Tr) 1 for real tokens up to and including EOS
+    # (B, Tr) 1 for the policy's tokens up to and including EOS (its last turn's, in an
+    # episode), 0 for padding and for the environment's tokens
+    response_mask: torch.Tensor
     # (B, Tr) log pi_old(token) at the sampling temperature; None when the policy's pass
     # was left to the update (one update from the sampling policy: pi_old is pi, detached)
     logprobs: torch.Tensor | None
@@ -101,6 +104,12 @@ class Rollout:
     # the B prompts as the data wrote them and their rows' other columns (what reward
     # functions are given); None for prompts without data
     prompt_columns: PromptColumns | None = None
+    # (B, Tr) 1 for the environment's tokens inside an episode (tool results, the other
+    # side's messages): context every pass reads, never an action (no loss, KL, advantage);
+    # None for one prompt and one response
+    env_mask: torch.Tensor | None = None
+    # what each episode did, by name (``episodes.EPISODE_STATS``), (B,) each; {} for bandits
+    episode_stats: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.query.shape[0]
@@ -113,9 +122,17 @@ class Rollout:
         return self.response_mask * self.kept[:, None].to(self.response_mask.dtype)
 
     @property
+    def attention_mask(self) -> torch.Tensor:
+        """(B, Tr) every real response token, the policy's and the environment's."""
+        if self.env_mask is None:
+            return self.response_mask
+        return self.response_mask | self.env_mask
+
+    @property
     def sequences(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(query, query_mask, response, response_mask): ``passes.sequence_inputs``' arguments."""
-        return self.query, self.query_mask, self.response, self.response_mask
+        """(query, query_mask, response, attention_mask): ``passes.sequence_inputs``'
+        arguments, the environment's tokens of an episode included."""
+        return self.query, self.query_mask, self.response, self.attention_mask
 
     def select(self, index: torch.Tensor) -> Rollout:
         """The rows ``index`` (a minibatch), with all-padding columns trimmed away.
@@ -137,7 +154,10 @@ class Rollout:
                 value = [value[i] for i in rows] if isinstance(value, list) else value[index]
             picked[f.name] = value
         first = int(picked["query_mask"].any(0).nonzero().min())
-        end = int(picked["response_mask"].any(0).nonzero().max()) + 1
+        attention = picked["response_mask"]
+        if picked["env_mask"] is not None:
+            attention = attention | picked["env_mask"]
+        end = int(attention.any(0).nonzero().max()) + 1
         for name in _QUERY_FIELDS:
             picked[name] = picked[name][:, first:]
         for name in _RESPONSE_FIELDS:
@@ -159,7 +179,7 @@ class Rollout:
                 joined[f.name] = {k: sum(p.get(k, 0.0) for p in parts) for k in parts[0]}
             elif f.name == "kept":
                 joined[f.name] = _kept_rows(parts, rollouts)
-            elif f.name == "score_parts":
+            elif f.name in ("score_parts", "episode_stats"):
                 joined[f.name] = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
             elif f.name == "prompt_columns":
                 joined[f.name] = None if parts[0] is None else PromptColumns.concat(parts)
@@ -236,6 +256,7 @@ _RESPONSE_FIELDS = (
     "rewards",
     "advantages",
     "returns",
+    "env_mask",
 )
 
 
@@ -270,6 +291,7 @@ class RolloutSettings:
             head gives the values.
         scores: missing-EOS penalty, normalisation and clipping of scores.
         forward_batch_size: rows per forward pass after sampling; None = the whole batch.
+        episodes: turns and token budget of an episode, where the maker has an environment.
     """
 
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
@@ -285,6 +307,7 @@ class RolloutSettings:
     policy_pass: bool = True
     scores: ScoreOptions = field(default_factory=ScoreOptions)
     forward_batch_size: int | None = None
+    episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -397,6 +420,9 @@ class ExperienceMaker:
     tokenizer: Any
     settings: RolloutSettings
     runtime: Runtime
+    # makes the environment of each episode (``episodes.environment_factory``); None: one
+    # prompt, one response
+    environment: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         """Refuse at once a model that has no embedding for some of the policy's ids, rather
@@ -429,10 +455,15 @@ class ExperienceMaker:
 
     @torch.no_grad()
     def sample(
-        self, query: torch.Tensor, query_mask: torch.Tensor, generator=None
+        self,
+        query: torch.Tensor,
+        query_mask: torch.Tensor,
+        generator=None,
+        sampling: SamplingConfig | None = None,
     ) -> GenerationOutput:
         """Step 1: a response per row of the left-padded ``query`` (B, Tq), every model in
-        eval mode (the caller switches back)."""
+        eval mode (the caller switches back); ``sampling`` in place of the settings' (a turn
+        of an episode)."""
         for model in (self.models.policy, self.models.reference, self.models.critic):
             if model is not None:
                 model.eval()
@@ -441,7 +472,7 @@ class ExperienceMaker:
                 causal_lm(self.models.policy),
                 query,
                 query_mask,
-                self.settings.sampling,
+                sampling or self.settings.sampling,
                 eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id,
                 generator=generator,
@@ -457,24 +488,23 @@ class ExperienceMaker:
         moments: RunningMoments | None = None,
         generator: torch.Generator | None = None,
         prompt_columns: PromptColumns | None = None,
+        env_seeds: Sequence[int] | None = None,
     ) -> Rollout:
-        """Steps 1-5 on ``query``, ``query_mask`` (B, Tq). ``kl_coef`` is the current beta,
-        ``moments`` the running score statistics (when scores are normalised), ``generator``
-        the sampling random source, ``prompt_columns`` what the data says of each row (the
-        scorer's reward functions get it). ``timings`` holds the seconds of ``generate``, of
-        ``forward`` (every pass and the scoring) and of ``score`` (the scorer alone)."""
-        settings, timings = self.settings, {}
-        started = time.perf_counter()
-        out = self.sample(query, query_mask, generator)  # 1
+        """Steps 1-5 on ``query``, ``query_mask`` (B, Tq), or with an environment on episodes
+        from ``prompt_columns`` (reset with ``env_seeds``). ``kl_coef`` is the current beta,
+        ``moments`` the running score statistics, ``generator`` the sampling random source,
+        ``prompt_columns`` what the data says of each row. ``timings``: the seconds of
+        ``generate``, ``forward`` (every pass and the scoring) and ``score`` (the scorer)."""
+        settings, timings, started = self.settings, {}, time.perf_counter()
+        step1 = self._sample_or_play(query, query_mask, generator, prompt_columns, env_seeds)
+        query, query_mask, out = step1  # 1
         timings["generate"] = time.perf_counter() - started
         started = time.perf_counter()
-        batch = ScoreInput.from_ids(
-            self.tokenizer, query, query_mask, out.response, out.response_mask, prompt_columns
-        )
+        batch = self._score_input(query, query_mask, out, prompt_columns)
         policy_pass = settings.policy_pass or settings.has_critic or kl_coef > 0
         passes = self._passes(query, query_mask, out, batch, policy_pass)  # 2
         logprobs, entropy, values, ref_logprobs, scored, timings["score"] = passes
-        raw_scores, score_parts = scored
+        raw_scores, score_parts = self._with_env_rewards(out, *scored)
         timings["forward"] = time.perf_counter() - started
         moments = moments or RunningMoments()
         scores = process_scores(raw_scores, out.eos_emitted, settings.scores, moments)  # 3
@@ -506,6 +536,79 @@ class ExperienceMaker:
             timings=timings,
             score_parts=score_parts,
             prompt_columns=prompt_columns,
+            env_mask=getattr(out, "env_mask", None),
+            episode_stats=getattr(out, "stats", {}),
+        )
+
+    def _sample_or_play(self, query, query_mask, generator, prompt_columns, env_seeds) -> tuple:
+        """Step 1: (query, query_mask, out): a response per row of ``query``, or with an
+        environment an episode per row of ``prompt_columns``, its query the episode's."""
+        if self.environment is None:
+            return query, query_mask, self.sample(query, query_mask, generator)
+        out = self.play(prompt_columns, env_seeds, generator)
+        return out.query, out.query_mask, out
+
+    def _with_env_rewards(
+        self, out: GenerationOutput, raw_scores: torch.Tensor, parts: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The raw scores: for episodes the environment's rewards plus the scorer's, if there
+        is one, each then a part of them; the scorer's alone otherwise."""
+        if not isinstance(out, EpisodeOutput):
+            return raw_scores, parts
+        env_rewards = out.env_rewards.to(raw_scores.dtype)
+        if self.scorer is None:
+            return env_rewards, {}
+        return raw_scores + env_rewards, {
+            "environment": env_rewards,
+            **(parts or {"scorer": raw_scores}),
+        }
+
+    def play(
+        self,
+        starts: PromptColumns | None,
+        seeds: Sequence[int] | None,
+        generator: torch.Generator | None = None,
+    ) -> EpisodeOutput:
+        """Step 1 with an environment: an episode per row of ``starts`` (the prompts as the
+        data wrote them and their columns), its environment reset with ``seeds``."""
+        if starts is None:
+            raise ValueError("episodes start from the data's prompts: give prompt_columns")
+        seeds = list(seeds) if seeds is not None else [None] * len(starts)
+        sampling = self.settings.sampling
+
+        def turn(query, query_mask, max_new_tokens) -> GenerationOutput:
+            turn_sampling = dataclasses.replace(sampling, max_new_tokens=max_new_tokens)
+            return self.sample(query, query_mask, generator, turn_sampling)
+
+        return run_episodes(
+            turn,
+            self.tokenizer,
+            self.environment,
+            starts,
+            seeds,
+            self.settings.episodes,
+            sampling.max_new_tokens,
+            self.runtime.device,
+        )
+
+    def _score_input(self, query, query_mask, out, prompt_columns) -> ScoreInput:
+        """What the scorer reads: for episodes, the whole episode as ids, the policy's last
+        turn as the response text, the episode's messages and environments beside them."""
+        if not isinstance(out, EpisodeOutput):
+            return ScoreInput.from_ids(
+                self.tokenizer, query, query_mask, out.response, out.response_mask, prompt_columns
+            )
+        return ScoreInput(
+            prompts=self.tokenizer.batch_decode(query, skip_special_tokens=True),
+            responses=out.answers,
+            query=query,
+            query_mask=query_mask,
+            response=out.response,
+            response_mask=out.response_mask | out.env_mask,
+            eos_token_id=self.tokenizer.eos_token_id,
+            prompt_columns=prompt_columns,
+            completions=out.completions,
+            environments=out.environments,
         )
 
     def _rewards(self, scores, logprobs, ref_logprobs, mask, kl_coef) -> tuple:
@@ -540,7 +643,7 @@ class ExperienceMaker:
         rows = torch.arange(len(query), device=query.device).split(
             self.settings.forward_batch_size or len(query)
         )
-        sequences = (query, query_mask, out.response, out.response_mask)
+        sequences = (query, query_mask, out.response, batch.response_mask)
         chunks = [
             (sequence_inputs(*(x[r] for x in sequences), packed=models.packed), out.response[r])
             for r in rows
@@ -559,6 +662,8 @@ class ExperienceMaker:
 
         def score() -> tuple[tuple[torch.Tensor, dict[str, torch.Tensor]], float]:
             started = time.perf_counter()
+            if self.scorer is None:  # an environment's rewards alone
+                return (torch.zeros(len(query), device=query.device), {}), 0.0
             return self.scorer.scored(batch), time.perf_counter() - started
 
         passes = {"score": score}
@@ -685,6 +790,8 @@ def rollout_stats(rollout: Rollout, group_size: int = 1) -> dict[str, float]:
         "response/eos_rate": rollout.eos_emitted.float().mean().item(),
         **{f"time/{phase}": seconds for phase, seconds in rollout.timings.items()},
     }
+    for key, values in rollout.episode_stats.items():
+        stats[f"episode/{key}"] = values.float().mean().item()
     for key, scores in rollout.score_parts.items():
         stats[f"score/{key}/mean"] = scores.float().mean().item()
         stats[f"score/{key}/std"] = scores.float().std().item() if len(rollout) > 1 else 0.0

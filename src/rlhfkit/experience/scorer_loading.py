@@ -48,44 +48,49 @@ from rlhfkit.models.loading import (
 logger = logging.getLogger(__name__)
 
 
-def load_function(path: str) -> Callable:
-    """Import ``"package.module:function"`` (the form reward functions take in configs)."""
+def load_function(path: str, kind: str = "reward function") -> Callable:
+    """Import ``"package.module:function"``, the form reward functions, tools and
+    environments take in configs; errors name ``kind`` and what it should be."""
+    expected = _EXPECTED[kind]
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise UsageError(
-            f"reward function {path!r}: expected 'module:function', a reward function (TRL's "
-            "f(prompts, completions, **columns) or f(prompts, responses)) in a module Python "
-            "can import"
+            f"{kind} {path!r}: expected 'module:{'Class' if kind == 'environment' else 'function'}'"
+            f", {expected} in a module Python can import"
         )
-    function = getattr(_import(path, module_name), attribute, None)
+    function = getattr(_import(path, module_name, kind), attribute, None)
     if not callable(function):
         what = "has no attribute" if function is None else f"has a {type(function).__name__}"
         raise UsageError(
-            f"reward function {path!r}: module {module_name} {what} {attribute!r}; name a "
-            "reward function (TRL's f(prompts, completions, **columns) or f(prompts, "
-            "responses)) that returns a list of floats"
+            f"{kind} {path!r}: module {module_name} {what} {attribute!r}; name {expected}"
         )
     return function
 
 
-def _import(path: str, module_name: str) -> ModuleType:
-    """The module of a reward function spec; its import runs the user's code."""
+_EXPECTED = {
+    "reward function": "a reward function (TRL's f(prompts, completions, **columns) or "
+    "f(prompts, responses)) that returns a list of floats",
+    "tool": "a function with type hints and a docstring whose Args: describe each argument",
+    "environment": "a Gymnasium text environment class (or a function of no arguments that "
+    "makes one), or a class whose public methods are tools",
+}
+
+
+def _import(path: str, module_name: str, kind: str) -> ModuleType:
+    """The module of a ``module:name`` spec; its import runs the user's code."""
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name == module_name or module_name.startswith(f"{error.name}."):
             raise UsageError(
-                f"reward function {path!r}: no module named {error.name!r} on the Python path "
+                f"{kind} {path!r}: no module named {error.name!r} on the Python path "
                 "(for a module file in the current directory, run the `rlhfkit` command with "
                 "PYTHONPATH=.)"
             ) from error
-        raise UsageError(
-            f"reward function {path!r}: importing {module_name} failed: {error}"
-        ) from error
+        raise UsageError(f"{kind} {path!r}: importing {module_name} failed: {error}") from error
     except Exception as error:  # the user's module raised while importing
         raise UsageError(
-            f"reward function {path!r}: importing {module_name} raised "
-            f"{type(error).__name__}: {error}"
+            f"{kind} {path!r}: importing {module_name} raised {type(error).__name__}: {error}"
         ) from error
 
 

@@ -62,6 +62,11 @@ class ScoreInput:
     # the B prompts as the data wrote them and their rows' other columns; None where the
     # prompts came without data (chat, sample, the text environment)
     prompt_columns: PromptColumns | None = None
+    # episodes (``episodes.py``): each one's messages after the prompt, the policy's turns
+    # and the environment's (``responses`` then hold the policy's last turn), and the B
+    # environments that played them; None for one prompt and one response
+    completions: list[list[dict]] | None = None
+    environments: list | None = None
 
     @classmethod
     def from_ids(
@@ -98,6 +103,8 @@ class ScoreInput:
             response=self.response[rows],
             response_mask=self.response_mask[rows],
             prompt_columns=columns,
+            completions=None if self.completions is None else self.completions[rows],
+            environments=None if self.environments is None else self.environments[rows],
         )
 
     def describe(self, index: int) -> str:
@@ -174,8 +181,9 @@ class Scorer(ABC):
         return scores.float(), parts
 
 
-TRL_ARGUMENTS = ("prompts", "completions", "completion_ids")
-"""What TRL hands every reward function besides the dataset's columns."""
+TRL_ARGUMENTS = ("prompts", "completions", "completion_ids", "environments")
+"""What TRL hands reward functions besides the dataset's columns (``environments`` where the
+policy played episodes)."""
 
 
 def trl_style(fn: Callable) -> bool:
@@ -216,7 +224,9 @@ class FunctionScorer(Scorer):
     - TRL's, ``f(prompts=..., completions=..., completion_ids=..., **columns)``, for a
       function that names ``completions`` or takes ``**kwargs``: ``prompts`` as the data
       wrote them (a string or a list of chat messages each), ``completions`` the response
-      texts (for chat prompts, each a list of one assistant message, as TRL passes them),
+      texts (for chat prompts, each a list of one assistant message, as TRL passes them;
+      for episodes, each episode's messages after the prompt, tool results included, and
+      ``environments`` the environments that played them),
       ``completion_ids`` each response's token ids up to and including EOS, and every other
       column of the prompts' rows by name, a list aligned with the batch. A function without
       ``**kwargs`` gets only the arguments it names.
@@ -265,18 +275,21 @@ class FunctionScorer(Scorer):
                 f"{self.name} needs the column(s) {', '.join(map(repr, missing))}: {where}"
             )
         chat = [not isinstance(p, str) for p in prompts]
+        completions = batch.completions or [
+            [{"role": "assistant", "content": text}] if is_chat else text
+            for text, is_chat in zip(batch.responses, chat, strict=True)
+        ]
         arguments = {
             "prompts": prompts,
-            "completions": [
-                [{"role": "assistant", "content": text}] if is_chat else text
-                for text, is_chat in zip(batch.responses, chat, strict=True)
-            ],
+            "completions": completions,
             "completion_ids": [
                 row[mask.bool()].tolist()
                 for row, mask in zip(batch.response, batch.response_mask, strict=True)
             ],
             **columns,
         }
+        if batch.environments is not None:
+            arguments["environments"] = batch.environments
         if self._takes_any:
             return arguments
         return {key: value for key, value in arguments.items() if key in self._names}

@@ -37,9 +37,13 @@ def gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimates and returns for (B, T) per-token rewards.
 
-    A position with mask 0 ends the episode: it contributes no reward and no value, so the
-    value after the last real token is 0 (the response is finished, nothing follows). Padded
-    positions get advantage 0 and return 0, whatever ``rewards`` / ``values`` hold there.
+    A position with mask 0 is not the policy's: padding after the response, or inside an
+    episode the environment's tokens (a tool's result, the other side's message), which are
+    context, not actions. The recursion steps over it, so the policy token before it reads
+    the value and the advantage of the policy token after it (verl's multi-turn GAE); after
+    the last real token the value is 0 (the episode is finished, nothing follows). Positions
+    outside the mask get advantage 0 and return 0, whatever ``rewards`` / ``values`` hold
+    there.
 
     Inputs are detached: advantages and returns are regression and policy targets, and a
     gradient flowing into them through ``values`` would be a bug.
@@ -47,7 +51,7 @@ def gae(
     Args:
         rewards: (B, T) per-token rewards (KL penalty plus the score at the last real token).
         values: (B, T) critic values V(s_t) from the rollout.
-        mask: (B, T) response mask, nonzero for real tokens.
+        mask: (B, T) response mask, nonzero for the policy's tokens.
         gamma: discount factor.
         lam: GAE lambda (1 = Monte Carlo returns minus values, 0 = one-step TD).
 
@@ -67,12 +71,12 @@ def gae(
     reversed_advantages = []
     for t in reversed(range(rewards.shape[1])):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        # Multiplying by the mask resets the recursion at padding, so a padded position
-        # passes neither advantage nor value back to the real token before it.
-        running = (delta + gamma * lam * running) * real[:, t]
+        # Outside the mask the running advantage and the next value are carried over as
+        # they are: the step is skipped, not taken with a reward and a value of 0.
+        running = torch.where(real[:, t], delta + gamma * lam * running, running)
         reversed_advantages.append(running)
-        next_value = values[:, t]
-    advantages = torch.stack(reversed_advantages[::-1], dim=1)  # (B, T)
+        next_value = torch.where(real[:, t], values[:, t], next_value)
+    advantages = torch.where(real, torch.stack(reversed_advantages[::-1], dim=1), 0.0)  # (B, T)
     return advantages, advantages + values
 
 

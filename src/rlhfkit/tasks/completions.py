@@ -3,7 +3,8 @@
 A reward function with TRL's signature, ``f(prompts, completions, completion_ids, **columns)``,
 gets each completion as a string where the prompt was a string, and as a list of one
 assistant message (``[{"role": "assistant", "content": ...}]``) where the prompt was a list of
-chat messages, as TRL's ``GRPOTrainer`` passes them. The bundled reward functions take both.
+chat messages, as TRL's ``GRPOTrainer`` passes them; for an episode (``experience/episodes.py``)
+the episode's messages after the prompt. The bundled reward functions take each.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from typing import Any
 
 
 def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
-    """The text of one completion: the string itself, or the content of its messages joined
-    (one assistant message, as a conversational completion holds)."""
+    """The text of one completion: the string itself, or the content of its last assistant
+    message (a conversational completion holds one; an episode's, the policy's turns and the
+    tools' results, ends with the policy's answer)."""
     if isinstance(completion, str):
         return completion
-    return "".join(str(message.get("content") or "") for message in completion)
+    answers = [m for m in completion if m.get("role", "assistant") == "assistant"]
+    return str(answers[-1].get("content") or "") if answers else ""
 
 
 def prompt_text(prompt: str | Sequence[Mapping[str, Any]]) -> str:

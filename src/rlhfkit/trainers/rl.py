@@ -122,12 +122,13 @@ class RLTrainer(Trainer):
         policy: nn.Module,
         tokenizer,
         prompts: list[list[int] | PromptExample],
-        scorer: Scorer | nn.Module | Callable,
+        scorer: Scorer | nn.Module | Callable | None,
         *,
         reference: nn.Module | None = None,
         critic: nn.Module | None = None,
         ptx_examples: list | None = None,
         eval_prompts: list[list[int] | PromptExample] | None = None,
+        environment: Callable[[], Any] | None = None,
     ) -> None:
         _check_inputs(config, policy, prompts, critic, ptx_examples)
         policy, critic, reference = _with_lora_and_reference(config, policy, critic, reference)
@@ -140,7 +141,10 @@ class RLTrainer(Trainer):
         self.ptx_examples = ptx_examples or []
         self.eval_prompts = eval_prompts or []
         self.gold = config.gold_scorer(tokenizer)
-        scorer = prepare_scorer(as_scorer(scorer), self.runtime, config.padding_free)
+        if scorer is not None:
+            scorer = prepare_scorer(as_scorer(scorer), self.runtime, config.padding_free)
+        elif environment is None:
+            raise ValueError("RLTrainer: give a scorer, or an environment whose rewards count")
         side_by_side = self.runtime.side_by_side and config.has_reference
         if reference is None and side_by_side and is_lora_lm(self.unwrapped_model):
             # Its own module on the base weights: the reference pass runs beside the policy's.
@@ -149,7 +153,7 @@ class RLTrainer(Trainer):
         self._prepare_models(models)
         self._build_learners(critic)
         settings = config.rollout_settings(self.runtime.world)
-        self.maker = ExperienceMaker(models, scorer, tokenizer, settings, self.runtime)
+        self.maker = ExperienceMaker(models, scorer, tokenizer, settings, self.runtime, environment)
         self.update_schedule = self._update_schedule()
         self.kl_controller = (
             AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
@@ -161,6 +165,7 @@ class RLTrainer(Trainer):
         self.sample_generator = torch.Generator(self.runtime.device)
         self.sample_generator.manual_seed(rank_seed(config.seed, rank))
         self.shuffle_generator = torch.Generator().manual_seed(rank_seed(config.seed + 1, rank))
+        self.env_generator = torch.Generator().manual_seed(rank_seed(config.seed + 3, rank))
         self.ptx_stream = Stream(
             len(self.ptx_examples), config.batch_size, config.seed, True, rank, world
         )
@@ -277,9 +282,19 @@ class RLTrainer(Trainer):
             moments=self.moments,
             generator=self.sample_generator,
             prompt_columns=columns.repeat(k) if columns is not None else None,
+            env_seeds=self._env_seeds(len(batch["query"]), k, self.env_generator),
         )
         rollout.check_finite()
         return rollout
+
+    def _env_seeds(self, prompts: int, k: int, generator: torch.Generator) -> list[int] | None:
+        """The seeds that reset the environments of ``prompts`` x ``k`` episodes, the same
+        for a group's ``k`` (their baseline is each other: one start); None without an
+        environment."""
+        if self.maker.environment is None:
+            return None
+        seeds = torch.randint(2**31 - 1, (prompts,), generator=generator)
+        return seeds.repeat_interleave(k).tolist()
 
     def next_batch(self) -> Batch:
         """The next prompts; with ``sample_seeds: data``, with the seed of their samples
@@ -390,6 +405,7 @@ class RLTrainer(Trainer):
         if not self.eval_prompts:
             return {}
         generator = torch.Generator(self.runtime.device).manual_seed(self.config.seed + 2)
+        env_generator = torch.Generator().manual_seed(self.config.seed + 2)
         sums: dict[str, float] = {}
         for batch in self.eval_batches(self.eval_prompts, self.collate_fn):
             rollout = self.maker.make(
@@ -398,6 +414,7 @@ class RLTrainer(Trainer):
                 kl_coef=0.0,
                 generator=generator,
                 prompt_columns=batch.get("prompt_columns"),
+                env_seeds=self._env_seeds(len(batch["query"]), 1, env_generator),
             )
             totals = {
                 "score": rollout.raw_scores.sum(),
@@ -429,7 +446,10 @@ class RLTrainer(Trainer):
         self.ptx_position = tuple(saved["ptx_position"])
 
     def generators(self) -> dict[str, torch.Generator]:
-        return {"sample": self.sample_generator, "shuffle": self.shuffle_generator}
+        generators = {"sample": self.sample_generator, "shuffle": self.shuffle_generator}
+        if self.maker.environment is not None:
+            generators["environment"] = self.env_generator
+        return generators
 
     def model_attributes(self) -> dict[str, str]:
         attributes = {"model": "policy", "models.policy": "policy"}
@@ -505,7 +525,9 @@ class RLTrainer(Trainer):
             lora=config.lora_settings,
             trust_remote_code=trust,
         )
-        scorer = config.scorer(tokenizer=tokenizer, trust=config.trust_remote_code)
+        scorer = None
+        if config.has_scorer:
+            scorer = config.scorer(tokenizer=tokenizer, trust=config.trust_remote_code)
         return cls(
             config,
             models.policy,
@@ -516,6 +538,7 @@ class RLTrainer(Trainer):
             critic=models.critic,
             ptx_examples=ptx,
             eval_prompts=eval_prompts,
+            environment=config.environment_factory(),
         )
 
 

@@ -29,7 +29,7 @@ divided by N.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlhfkit.config import (
@@ -43,6 +43,7 @@ from rlhfkit.config import (
     require,
 )
 from rlhfkit.errors import UsageError
+from rlhfkit.experience.episodes import EpisodeSettings, environment_factory
 from rlhfkit.experience.rewards import ScoreOptions
 from rlhfkit.experience.rollout import GROUP_ESTIMATORS, RolloutSettings
 from rlhfkit.models.loading import same_tokenizer, saved_tokenizer
@@ -117,6 +118,59 @@ class RolloutOptions:
     forward_batch_size: int | None = None
     """Rows per no-grad forward pass while making experience; None = the whole generation
     batch."""
+
+
+@dataclass
+class EpisodeOptions:
+    """Episodes: the policy calls tools or plays an environment over several turns
+    (`experience/episodes.py`), instead of answering each prompt once."""
+
+    tools: list[str] = field(default_factory=list)
+    """Tools the policy may call, 'module:function' each: Python functions with type hints
+    and a docstring whose Args: describe each argument, shown to the policy as JSON schemas
+    and called as <tool_call>{"name": ..., "arguments": {...}}</tool_call>. They are your
+    code, run with your rights."""
+    environment: str | None = None
+    """'module:Class' of a Gymnasium text environment (reset gives the first prompt, step
+    the environment's reply, its reward and whether the episode is over), or of a class whose
+    public methods are tools (TRL's environment_factory); one instance per episode."""
+    max_turns: int = 4
+    """Policy turns per episode: the episode is cut (truncated) after this many."""
+    max_episode_tokens: int | None = None
+    """Tokens of an episode after its prompt, the policy's and the environment's together;
+    None: each turn has `max_new_tokens`."""
+    tool_timeout: float = 10.0
+    """Seconds a tool call may run; past it the policy reads an error instead."""
+    tools_prompt: str | None = None
+    """The system prompt that shows the tools to a model whose chat template takes none, with
+    {tools} where their JSON schemas go, one per line; None: rlhfkit's default (the
+    <tool_call> format and the schemas). SFT demonstrations should show the same."""
+
+    @property
+    def has_episodes(self) -> bool:
+        """Whether the policy plays episodes (with tools or an environment)."""
+        return bool(self.tools) or self.environment is not None
+
+    def environment_factory(self):
+        """What makes each episode's environment; None without tools or an environment."""
+        return environment_factory(self.environment, self.tools, self.tool_timeout)
+
+    def episode_settings(self, max_prompt_length: int) -> EpisodeSettings:
+        return EpisodeSettings(
+            self.max_turns, self.max_episode_tokens, max_prompt_length, self.tools_prompt
+        )
+
+    def _check_episodes(self) -> None:
+        require(self, "max_turns", self.max_turns >= 1, "an integer >= 1")
+        budget = self.max_episode_tokens
+        require(self, "max_episode_tokens", budget is None or budget >= 1, "None or >= 1")
+        require(self, "tool_timeout", self.tool_timeout > 0, "> 0 seconds")
+        require(
+            self,
+            "environment",
+            not (self.environment and self.tools),
+            "None when tools are given (an environment's tools are its public methods)",
+        )
 
 
 @dataclass
@@ -253,6 +307,7 @@ class PtxOptions:
 
 @dataclass
 class RLConfig(
+    EpisodeOptions,
     PtxOptions,
     PolicyObjectiveOptions,
     KLOptions,
@@ -324,7 +379,8 @@ class RLConfig(
         super().__post_init__()
         self._check_lora()
         self._check_sampling()
-        self._check_scorers()
+        self._check_episodes()
+        self._check_scorers(required=self.environment is None)
         self._check_eval_prompts()
         self._check_reference()
         self._check_data()
@@ -499,6 +555,7 @@ class RLConfig(
             policy_pass=self.ppo_epochs * self.num_mini_batches(world) > 1,
             scores=ScoreOptions.of(self),
             forward_batch_size=self.forward_batch_size,
+            episodes=self.episode_settings(self.max_prompt_length),
         )
 
     @property
