@@ -3,14 +3,27 @@ environment's turns rendered after the policy's EOS, and their tokens outside th
 KL and the advantages; one-turn episodes are the bandit rollout, bit for bit."""
 
 import copy
+import functools
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import gymnasium
 import pytest
 import torch
 
-from rlhfkit.data import PromptColumns, PromptRecord, encode_prompts, encode_turn, pad
+from helpers import stage_config, tiny_corpus, tiny_lm, write_jsonl
+from rlhfkit.data import (
+    PromptColumns,
+    PromptRecord,
+    encode_prompts,
+    encode_turn,
+    load_prompts,
+    pad,
+)
 from rlhfkit.errors import UsageError
 from rlhfkit.experience.episodes import (
     EpisodeError,
@@ -31,6 +44,8 @@ from rlhfkit.experience.tools import Tool, ToolCall, ToolCallError, parse_tool_c
 from rlhfkit.models.passes import ValueHeadLM
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.trainers.ppo_update import PolicyLossSettings, policy_loss
+from rlhfkit.trainers.rl import RLTrainer
+from rlhfkit.trainers.rl_config import RLConfig
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>\n"
@@ -440,3 +455,86 @@ def test_one_turn_episodes_are_the_bandit_rollout_bit_for_bit(tiny_tokenizer, ti
                  "ref_logprobs", "raw_scores", "scores", "kl", "rewards", "advantages"):  # fmt: skip
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
     assert got.responses == expected.responses and not got.env_mask.any()
+
+
+# --------------------------------------------------------------------------- trainer and CLI
+def eos_prone(model, tokenizer):
+    """``model`` with its EOS logit raised (``eos_biased``), so that episodes last turns."""
+    eos_biased(model, tokenizer)
+    return model
+
+
+def test_a_multi_turn_run_stopped_and_resumed_equals_an_uninterrupted_one(tiny_tokenizer, tmp_path):
+    rows = [{"prompt": line} for line in tiny_corpus(16)]
+    write_jsonl(tmp_path / "prompts.jsonl", rows)
+    prompts = load_prompts(str(tmp_path / "prompts.jsonl"), "train", tiny_tokenizer, 16, limit=None)
+
+    def trainer(out, **more):
+        config = stage_config(
+            functools.partial(RLConfig.preset, "grpo"), tmp_path / out,
+            environment="tests:unused", rollout_batch_size=2, num_generations=2, batch_size=4,
+            max_new_tokens=6, max_steps=3, learning_rate=1e-3, seed=0, max_turns=3, **more,
+        )  # fmt: skip
+        model = eos_prone(tiny_lm(tiny_tokenizer, n_positions=128), tiny_tokenizer)
+        return RLTrainer(config, model, tiny_tokenizer, prompts, None, environment=Seeded)
+
+    straight = trainer("a")
+    straight.train()
+    trainer("b").train(stop_after=2)
+    resumed = trainer("b", resume=True)
+    resumed.train()
+    assert resumed.state.step == 3
+    for (name, a), b in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(a, b, msg=name)
+    logged = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").open()]
+    turns = [row["train/episode/turns"] for row in logged if "train/episode/turns" in row]
+    assert turns and max(turns) > 1  # episodes of several turns were played
+
+
+class Seeded(gymnasium.Env):
+    """Replies with a number drawn from the episode's seed; rewards that number's parity."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return options["prompt"], {}
+
+    def step(self, action):
+        number = int(self.np_random.integers(10))
+        return f"{number}", float(number % 2), len(action) % 3 == 0, False, {}
+
+
+def docs_environment() -> str:
+    """The environment module the tools guide shows, as its code block holds it."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "tools.md").read_text()
+    block = guide.split("```python\n# mymodule.py\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+def test_the_guides_environment_trains_from_the_command_line(tiny_model_dir, tmp_path):
+    (tmp_path / "mymodule.py").write_text(docs_environment())
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "count"}] * 8)
+    command = [
+        sys.executable, "-m", "rlhfkit.cli", "grpo", "--environment", "mymodule:Countdown",
+        "--train_data", str(tmp_path / "prompts.jsonl"), "--model", str(tiny_model_dir),
+        "--output_dir", str(tmp_path / "run"), "--max_turns", "4", "--max_steps", "2",
+        "--rollout_batch_size", "2", "--num_generations", "2", "--batch_size", "4",
+        "--max_new_tokens", "4",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert all("train/episode/turns" in row for row in logged if "train/score/mean" in row)
+    assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
+
+
+def test_a_config_without_reward_needs_an_environment(tmp_path):
+    with pytest.raises(ValueError, match="reward_model"):
+        RLConfig.preset("grpo", output_dir=str(tmp_path), tools=["m:f"])
+    with pytest.raises(ValueError, match="environment"):
+        RLConfig.preset("grpo", environment="m:C", tools=["m:f"], reward_functions=["m:f"])
+    with pytest.raises(ValueError, match="max_turns"):
+        RLConfig.preset("grpo", environment="m:C", max_turns=0)
+    assert RLConfig.preset("grpo", environment="m:C").has_episodes

@@ -45,6 +45,7 @@ from rlhfkit.models.loading import (
 )
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.tasks import BREAKDOWNS, DEMO_DATA_DIR, REWARD_FUNCTIONS, Breakdown
+from rlhfkit.trainers.rl_config import EpisodeOptions
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +53,10 @@ EVAL_FILE = "eval.json"
 
 
 @dataclass
-class EvalConfig(RewardModelOptions):
-    """What to evaluate, on which prompts, and how to sample."""
+class EvalConfig(EpisodeOptions, RewardModelOptions):
+    """What to evaluate, on which prompts, and how to sample; with tools or an environment,
+    an episode from each prompt (the table then has turns, tool calls and tool errors per
+    episode)."""
 
     models: dict[str, str] = field(default_factory=dict)
     """Rows of the table: name -> causal LM directory (e.g. base, sft, ppo, dpo)."""
@@ -108,6 +111,7 @@ class EvalConfig(RewardModelOptions):
     stages' option; 'no' keeps fp32, whose numbers do not depend on the kernels' bf16 paths."""
 
     def __post_init__(self) -> None:
+        self._check_episodes()
         require(
             self,
             "task",
@@ -169,6 +173,7 @@ class _Setup:
     common: dict[str, Any]  # reward, gold, seed, batch_size, runtime for evaluate_policy
     breakdown: Breakdown | None  # the parts of the task's gold score, where it has some
     written: list[Any]  # the records' prompts as written, for the report's side-by-side rows
+    episodes: dict[str, Any]  # the environment and the episodes' bounds, for evaluate_policy
 
     @classmethod
     def load(cls, config: EvalConfig) -> _Setup:
@@ -198,17 +203,26 @@ class _Setup:
             "batch_size": config.batch_size,
             "runtime": runtime,
         }
+        episodes = {
+            "environment": config.environment_factory(),
+            "episodes": config.episode_settings(config.max_prompt_length),
+        }
         sampling = SamplingConfig(config.max_new_tokens, config.temperature)
         reference = _load_lm(config.reference, tokenizer, device)
         breakdown = BREAKDOWNS.get(config.task)
         written = [example.record.prompt for example in prompts]
-        return cls(tokenizer, prompts, sampling, rm, reference, runtime, common, breakdown, written)
+        return cls(
+            tokenizer, prompts, sampling, rm, reference, runtime, common, breakdown, written,
+            episodes,
+        )  # fmt: skip
 
     def run(self, model: nn.Module) -> PolicySamples:
-        """Samples of ``model`` on the prompts, scored, with their KL to the reference."""
+        """Samples (or episodes) of ``model`` on the prompts, scored, with their KL to the
+        reference."""
         return evaluate_policy(
-            model, self.reference, self.tokenizer, self.prompts, self.sampling, **self.common
-        )
+            model, self.reference, self.tokenizer, self.prompts, self.sampling,
+            **self.common, **self.episodes,
+        )  # fmt: skip
 
 
 def _evaluate_models(config: EvalConfig, setup: _Setup) -> dict[str, PolicySamples]:
@@ -270,9 +284,10 @@ def _evaluate_all(config: EvalConfig, setup: _Setup, comparisons: list | None) -
 
 
 def _samples_best_of_n(config: EvalConfig, setup: _Setup) -> bool:
-    """Best-of-n needs a reward model to pick by. With neither models nor best-of-n, an
-    evaluation of the reward model alone samples nothing."""
-    return setup.reward_model is not None and bool(config.best_of_n)
+    """Best-of-n needs a reward model to pick by, and picks among responses, not episodes.
+    With neither models nor best-of-n, an evaluation of the reward model alone samples
+    nothing."""
+    return setup.reward_model is not None and bool(config.best_of_n) and not config.has_episodes
 
 
 def _sampled_rows(

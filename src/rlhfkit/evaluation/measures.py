@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from rlhfkit.data import PairCollator, PromptExample, encode_comparisons, ranked_scores
+from rlhfkit.experience.episodes import EpisodeSettings, transcript
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorers import (
     EnsembleScorer,
@@ -78,8 +79,9 @@ def win_rate(scores: torch.Tensor, baseline: torch.Tensor) -> float:
 
 @torch.no_grad()
 def response_logprob(model: nn.Module, batch: ScoreInput, temperature: float = 1.0):
-    """log pi(response | query) per row (B,): the sum of the response tokens' log-probs."""
-    inputs = sequence_inputs(batch.query, batch.query_mask, batch.response, batch.response_mask)
+    """log pi(response | query) per row (B,): the sum of the log-probs of the policy's
+    response tokens (an episode's environment tokens are context, not its)."""
+    inputs = sequence_inputs(batch.query, batch.query_mask, batch.response, batch.attention_mask)
     logprobs = response_logprobs(model, inputs, batch.response, temperature).logprobs  # (B, Tr)
     return masked_sum(logprobs.float(), batch.response_mask, dim=1)  # (B,)
 
@@ -129,12 +131,17 @@ class PolicySamples:
     kl: torch.Tensor | None = None
     reward: torch.Tensor | None = None
     gold: torch.Tensor | None = None
+    # what each episode did (``episodes.EPISODE_STATS``); None for one response per prompt
+    episodes: dict[str, torch.Tensor] | None = None
 
     def first(self, count: int) -> PolicySamples:
         """The first ``count`` samples."""
         tensors = (None if t is None else t[:count] for t in (self.kl, self.reward, self.gold))
+        episodes = None
+        if self.episodes is not None:
+            episodes = {key: values[:count] for key, values in self.episodes.items()}
         return PolicySamples(
-            self.prompts[:count], self.responses[:count], self.length[:count], *tensors
+            self.prompts[:count], self.responses[:count], self.length[:count], *tensors, episodes
         )
 
 
@@ -174,6 +181,7 @@ def summarize(name: str, samples: PolicySamples, baseline: PolicySamples | None)
     gain, gain_se = paired_difference(samples.gold, getattr(baseline, "gold", None))
     return {
         "model": name,
+        **episode_figures(samples),
         "gold": _mean(samples.gold),
         "gold_se": standard_error(samples.gold),
         "gold_gain": gain,
@@ -186,6 +194,27 @@ def summarize(name: str, samples: PolicySamples, baseline: PolicySamples | None)
         "distinct_1": distinct_n(samples.responses, 1),
         "distinct_2": distinct_n(samples.responses, 2),
     }
+
+
+EPISODE_FIGURES = ("turns", "tool_calls", "tool_errors", "truncated")
+"""What the results table shows of episodes: means per episode, with standard errors."""
+
+
+def episode_figures(samples: PolicySamples) -> dict[str, float | None]:
+    """Turns, tool calls, failed tool calls and the share cut short, per episode, each with
+    its standard error, and the turns of the episodes that succeeded (gold > 0); {} for
+    samples that are no episodes."""
+    if samples.episodes is None:
+        return {}
+    figures: dict[str, float | None] = {}
+    for key in EPISODE_FIGURES:
+        values = samples.episodes[key]
+        figures[key], figures[f"{key}_se"] = _mean(values), standard_error(values)
+    if samples.gold is not None:
+        won = samples.episodes["turns"][samples.gold > 0]
+        figures["turns_to_success"] = _mean(won) if len(won) else None
+        figures["turns_to_success_se"] = standard_error(won)
+    return figures
 
 
 def evaluate_samples(
@@ -202,14 +231,26 @@ def evaluate_samples(
     kl = None
     if policy is not None:
         kl = sample_kl(policy, reference, batches, temperature)
+    episodes = None
+    if batches and batches[0].episode_stats is not None:
+        keys = batches[0].episode_stats
+        episodes = {k: torch.cat([b.episode_stats[k].cpu() for b in batches]) for k in keys}
     return PolicySamples(
         prompts=[p for b in batches for p in b.prompts],
-        responses=[r for b in batches for r in b.responses],
+        responses=[r for b in batches for r in _shown_responses(b)],
         length=torch.cat([b.response_mask.sum(1).cpu() for b in batches]).float(),
         kl=kl,
         reward=None if reward is None else score_batches(reward, batches),
         gold=None if gold is None else score_batches(gold, batches),
+        episodes=episodes,
     )
+
+
+def _shown_responses(batch: ScoreInput) -> list[str]:
+    """The responses of ``batch`` as the report shows them: episodes turn by turn."""
+    if batch.completions is None:
+        return batch.responses
+    return [transcript(completion) for completion in batch.completions]
 
 
 def evaluate_policy(
@@ -224,12 +265,16 @@ def evaluate_policy(
     seed: int,
     batch_size: int,
     runtime: Runtime | None = None,
+    environment: Callable[[], Any] | None = None,
+    episodes: EpisodeSettings | None = None,
 ) -> PolicySamples:
-    """Sample from ``policy`` on ``prompts`` and score the samples (see ``evaluate_samples``);
-    ``runtime``: the precision of the sampling (fp32 when None), as ``sample_responses``."""
+    """Sample from ``policy`` on ``prompts`` (or play an episode from each, with
+    ``environment``) and score the samples (see ``evaluate_samples``); ``runtime``: the
+    precision of the sampling (fp32 when None), as ``sample_responses``."""
     batches = sample_responses(
-        policy, tokenizer, prompts, sampling, seed=seed, batch_size=batch_size, runtime=runtime
-    )
+        policy, tokenizer, prompts, sampling, seed=seed, batch_size=batch_size, runtime=runtime,
+        environment=environment, episodes=episodes,
+    )  # fmt: skip
     return evaluate_samples(
         batches,
         policy=policy,

@@ -42,6 +42,15 @@ TABLE_COLUMNS = (
     "ifeval_prompt_loose",
     "ifeval_instruction_strict",
     "ifeval_instruction_loose",
+    "turns",
+    "turns_se",
+    "turns_to_success",
+    "turns_to_success_se",
+    "tool_calls",
+    "tool_calls_se",
+    "tool_errors",
+    "tool_errors_se",
+    "truncated",
     "reward",
     "kl",
     "win_rate_rm",
@@ -85,7 +94,8 @@ def _cell(value: Any) -> str:
 
 def results_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The results table of an evaluation: ``TABLE_COLUMNS``, those its rows have (IFEval's
-    figures only where the prompts carry IFEval's columns)."""
+    figures only where the prompts carry IFEval's columns, the episodes' where the policy
+    played episodes)."""
     return format_table(rows, [c for c in TABLE_COLUMNS if any(c in r for r in rows)])
 
 

@@ -379,3 +379,8 @@ def _output(episodes: list[Episode], tokenizer, device) -> EpisodeOutput:
         completions=[e.messages for e in episodes],
         environments=[e.env for e in episodes],
     )
+
+
+def transcript(completion: Sequence[Message]) -> str:
+    """An episode's messages after the prompt as one text, each turn under its role."""
+    return "\n\n".join(f"[{m['role']}] {m['content']}" for m in completion)

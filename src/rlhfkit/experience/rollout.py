@@ -110,6 +110,10 @@ class Rollout:
     env_mask: torch.Tensor | None = None
     # what each episode did, by name (``episodes.EPISODE_STATS``), (B,) each; {} for bandits
     episode_stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    # each episode's messages after the prompt and the environment that played it; None for
+    # bandits
+    completions: list[list[dict]] | None = None
+    environments: list | None = None
 
     def __len__(self) -> int:
         return self.query.shape[0]
@@ -436,15 +440,22 @@ class ExperienceMaker:
 
     @classmethod
     def sampler(
-        cls, policy: nn.Module, tokenizer, sampling: SamplingConfig, runtime: Runtime | None = None
+        cls,
+        policy: nn.Module,
+        tokenizer,
+        sampling: SamplingConfig,
+        runtime: Runtime | None = None,
+        environment: Callable[[], Any] | None = None,
+        episodes: EpisodeSettings | None = None,
     ) -> ExperienceMaker:
-        """A maker that only samples (no scorer: ``make`` needs one), from ``policy`` on its
-        own device, in fp32 unless ``runtime`` says otherwise."""
+        """A maker that only samples, or plays episodes with ``environment`` (no scorer),
+        from ``policy`` on its own device, in fp32 unless ``runtime`` says otherwise."""
         if runtime is None:
             device = model_device(policy)
             runtime = Runtime.inference(device)
         models = RolloutModels(policy, reference=None, critic=None)
-        return cls(models, None, tokenizer, RolloutSettings(sampling=sampling), runtime)
+        settings = RolloutSettings(sampling=sampling, episodes=episodes or EpisodeSettings())
+        return cls(models, None, tokenizer, settings, runtime, environment)
 
     def frozen_weights_cast(self) -> AbstractContextManager:
         """The frozen linear weights of every model the maker runs, the scorer's included,
@@ -500,7 +511,7 @@ class ExperienceMaker:
         query, query_mask, out = step1  # 1
         timings["generate"] = time.perf_counter() - started
         started = time.perf_counter()
-        batch = self._score_input(query, query_mask, out, prompt_columns)
+        batch = self.score_input(query, query_mask, out, prompt_columns)
         policy_pass = settings.policy_pass or settings.has_critic or kl_coef > 0
         passes = self._passes(query, query_mask, out, batch, policy_pass)  # 2
         logprobs, entropy, values, ref_logprobs, scored, timings["score"] = passes
@@ -536,8 +547,10 @@ class ExperienceMaker:
             timings=timings,
             score_parts=score_parts,
             prompt_columns=prompt_columns,
-            env_mask=getattr(out, "env_mask", None),
-            episode_stats=getattr(out, "stats", {}),
+            env_mask=batch.env_mask,
+            episode_stats=batch.episode_stats or {},
+            completions=batch.completions,
+            environments=batch.environments,
         )
 
     def _sample_or_play(self, query, query_mask, generator, prompt_columns, env_seeds) -> tuple:
@@ -591,9 +604,10 @@ class ExperienceMaker:
             self.runtime.device,
         )
 
-    def _score_input(self, query, query_mask, out, prompt_columns) -> ScoreInput:
-        """What the scorer reads: for episodes, the whole episode as ids, the policy's last
-        turn as the response text, the episode's messages and environments beside them."""
+    def score_input(self, query, query_mask, out, prompt_columns) -> ScoreInput:
+        """What a scorer reads of a sample (``out``, of ``sample`` or ``play``): for episodes
+        the whole episode as ids, the policy's last turn as the response text, the episode's
+        messages, environments and statistics beside them."""
         if not isinstance(out, EpisodeOutput):
             return ScoreInput.from_ids(
                 self.tokenizer, query, query_mask, out.response, out.response_mask, prompt_columns
@@ -604,11 +618,13 @@ class ExperienceMaker:
             query=query,
             query_mask=query_mask,
             response=out.response,
-            response_mask=out.response_mask | out.env_mask,
+            response_mask=out.response_mask,
             eos_token_id=self.tokenizer.eos_token_id,
             prompt_columns=prompt_columns,
             completions=out.completions,
             environments=out.environments,
+            env_mask=out.env_mask,
+            episode_stats=out.stats,
         )
 
     def _rewards(self, scores, logprobs, ref_logprobs, mask, kl_coef) -> tuple:
@@ -643,7 +659,7 @@ class ExperienceMaker:
         rows = torch.arange(len(query), device=query.device).split(
             self.settings.forward_batch_size or len(query)
         )
-        sequences = (query, query_mask, out.response, batch.response_mask)
+        sequences = (query, query_mask, out.response, batch.attention_mask)
         chunks = [
             (sequence_inputs(*(x[r] for x in sequences), packed=models.packed), out.response[r])
             for r in rows

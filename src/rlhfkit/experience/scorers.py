@@ -67,6 +67,16 @@ class ScoreInput:
     # environments that played them; None for one prompt and one response
     completions: list[list[dict]] | None = None
     environments: list | None = None
+    # (B, Tr) 1 for an episode's environment tokens (``response_mask`` holds the policy's);
+    # None for one prompt and one response
+    env_mask: torch.Tensor | None = None
+    # what each episode did (``episodes.EPISODE_STATS``), (B,) each; None for bandits
+    episode_stats: dict[str, torch.Tensor] | None = None
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(B, Tr) every real response token, the environment's in an episode included."""
+        return self.response_mask if self.env_mask is None else self.response_mask | self.env_mask
 
     @classmethod
     def from_ids(
@@ -105,6 +115,10 @@ class ScoreInput:
             prompt_columns=columns,
             completions=None if self.completions is None else self.completions[rows],
             environments=None if self.environments is None else self.environments[rows],
+            env_mask=None if self.env_mask is None else self.env_mask[rows],
+            episode_stats=None
+            if self.episode_stats is None
+            else {k: v[rows] for k, v in self.episode_stats.items()},
         )
 
     def describe(self, index: int) -> str:
@@ -284,7 +298,7 @@ class FunctionScorer(Scorer):
             "completions": completions,
             "completion_ids": [
                 row[mask.bool()].tolist()
-                for row, mask in zip(batch.response, batch.response_mask, strict=True)
+                for row, mask in zip(batch.response, batch.attention_mask, strict=True)
             ],
             **columns,
         }
@@ -373,7 +387,7 @@ class RewardModelScorer(Scorer):
         self.model.eval()  # a scorer never runs dropout
         if self.tokenizer is None:
             sequence = torch.cat([batch.query, batch.response], dim=1)  # (B, Tq + Tr)
-            mask = torch.cat([batch.query_mask, batch.response_mask], dim=1)  # (B, Tq + Tr)
+            mask = torch.cat([batch.query_mask, batch.attention_mask], dim=1)  # (B, Tq + Tr)
             if batch.eos_token_id is not None:
                 sequence, mask = with_final_eos(sequence, mask, batch.eos_token_id)
         else:

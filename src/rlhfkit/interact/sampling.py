@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,6 +35,7 @@ from rlhfkit.data import (
     encode_prompts,
     load_records,
 )
+from rlhfkit.experience.episodes import EpisodeSettings
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.rollout import ExperienceMaker
 from rlhfkit.experience.scorer_loading import reward_data_check
@@ -93,6 +95,8 @@ def sample_responses(
     batch_size: int,
     repeat: int = 1,
     runtime: Runtime | None = None,
+    environment: Callable[[], Any] | None = None,
+    episodes: EpisodeSettings | None = None,
 ) -> list[ScoreInput]:
     """Sample ``repeat`` responses per prompt (rows prompt-major: prompt 0's, then 1's...);
     ``prompts`` are token id lists, or ``PromptExample``s whose prompts as written and columns
@@ -101,24 +105,28 @@ def sample_responses(
     One seeded generator for the whole call, so the same model, prompts and settings always
     give the same samples, drawn as PPO and GRPO draw theirs (``ExperienceMaker.sample``), in
     fp32 on the model's device unless ``runtime`` says otherwise (bf16 autocast).
-    Returns the batches as ``ScoreInput``s, ready for any scorer.
+    With ``environment`` each prompt starts an episode (``episodes.py``: the policy's turns
+    and the environment's, as ``episodes`` bounds them), its environment reset with a seed
+    of the same seeded stream. Returns the batches as ``ScoreInput``s, ready for any scorer.
     """
-    maker = ExperienceMaker.sampler(model, tokenizer, sampling, runtime)
+    maker = ExperienceMaker.sampler(model, tokenizer, sampling, runtime, environment, episodes)
     device = maker.runtime.device
     generator = torch.Generator(device).manual_seed(seed)
+    env_seeds = torch.Generator().manual_seed(seed)
     rows = [p for p in prompts for _ in range(repeat)]
     collate = PromptCollator(tokenizer.pad_token_id)
     batches = []
     for start in range(0, len(rows), batch_size):
         batch = collate(rows[start : start + batch_size])
         query, query_mask = batch["query"].to(device), batch["query_mask"].to(device)  # (B, Tq)
-        out = maker.sample(query, query_mask, generator)
         columns = batch.get("prompt_columns")
-        batches.append(
-            ScoreInput.from_ids(
-                tokenizer, query, query_mask, out.response, out.response_mask, columns
-            )
-        )
+        if environment is None:
+            out = maker.sample(query, query_mask, generator)
+        else:
+            seeds = torch.randint(2**31 - 1, (len(query),), generator=env_seeds).tolist()
+            out = maker.play(columns, seeds, generator)
+            query, query_mask = out.query, out.query_mask
+        batches.append(maker.score_input(query, query_mask, out, columns))
     return batches
 
 

@@ -66,6 +66,7 @@ from rlhfkit.data import (
     encode_demonstrations,
     load_records,
 )
+from rlhfkit.experience.episodes import transcript
 from rlhfkit.experience.rewards import AdaptiveKLController, FixedKLController, RunningMoments
 from rlhfkit.experience.rollout import (
     ExperienceMaker,
@@ -385,10 +386,13 @@ class RLTrainer(Trainer):
         """The first ``num_samples`` of the iteration's responses, with their scores and
         advantages (their mean over the response), so that hacking is seen."""
         advantages = masked_mean(rollout.advantages, rollout.response_mask, dim=1)  # (B,)
+        responses = rollout.responses
+        if rollout.completions is not None:  # episodes, turn by turn
+            responses = [transcript(completion) for completion in rollout.completions]
         return [
             {
                 "prompt": rollout.prompts[i],
-                "response": rollout.responses[i],
+                "response": responses[i],
                 "score": float(rollout.raw_scores[i]),
                 "advantage": float(advantages[i]),
             }
@@ -424,13 +428,18 @@ class RLTrainer(Trainer):
             if rollout.kl is not None:
                 totals["kl"] = rollout.kl.sum()
             if self.gold is not None:
-                texts = (rollout.prompts, rollout.responses)  # decoded once, by the maker
-                eos = self.tokenizer.eos_token_id
-                columns = rollout.prompt_columns
-                samples = ScoreInput(*texts, *rollout.sequences, eos, columns)
-                totals["gold"] = self.gold(samples).sum()
+                totals["gold"] = self.gold(self._scored(rollout)).sum()
             accumulate(sums, totals)
         return {key: value / len(self.eval_prompts) for key, value in sums.items()}
+
+    def _scored(self, rollout: Rollout) -> ScoreInput:
+        """``rollout`` as a scorer reads it (its texts decoded once, by the maker)."""
+        return ScoreInput(
+            rollout.prompts, rollout.responses, rollout.query, rollout.query_mask,
+            rollout.response, rollout.response_mask, self.tokenizer.eos_token_id,
+            rollout.prompt_columns, rollout.completions, rollout.environments,
+            rollout.env_mask, rollout.episode_stats or None,
+        )  # fmt: skip
 
     # ----------------------------------------------------------------- what a checkpoint holds
     def extra_state(self) -> dict[str, Any]:
