@@ -1,5 +1,6 @@
 """The terminal chat: the loop in-process, then the real `rlhfkit chat` through a pseudo-terminal."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -7,12 +8,15 @@ import pytest
 from transformers import AutoModelForCausalLM
 
 from rlhfkit.config import ConfigError
+from rlhfkit.experience.episodes import ToolEnv
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import parse_scorer
 from rlhfkit.experience.scorers import WeightedScorer
+from rlhfkit.experience.tools import Tool
 from rlhfkit.interact.chat import USER_PROMPT, ChatConfig, chat_loop
 from rlhfkit.interact.env import LMAgent
 from rlhfkit.tasks import digits_score
+from rlhfkit.tasks.calculator import calculator
 
 RLHFKIT = Path(sys.executable).with_name("rlhfkit")  # the console script of this environment
 
@@ -122,3 +126,36 @@ def test_rlhfkit_chat_in_a_pseudo_terminal(tiny_model_dir):
     finally:
         child.close()
     assert child.exitstatus == 0, child.before
+
+
+class ToolCaller:
+    """An agent that calls the calculator once, then answers with the result it read."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.device, self.seen = tokenizer, "cpu", []
+
+    def generate(self, messages):
+        self.seen.append([dict(m) for m in messages])
+        if messages[-1]["role"] == "tool":
+            return f"Answer: {messages[-1]['content']}"
+        call = {"name": "calculator", "arguments": {"expression": "347 * 58"}}
+        return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+
+def test_chat_runs_the_tools_a_reply_calls_and_shows_their_results(tiny_tokenizer):
+    agent = ToolCaller(tiny_tokenizer)
+    tools = ToolEnv([calculator])
+    shown = []
+    messages = chat_loop(
+        agent, tools=tools, read=scripted(["What is 347 times 58?"]), write=shown.append
+    )
+    assert shown[0].startswith("bot> <tool_call>")
+    assert shown[1:3] == ["tool> 20126", "bot> Answer: 20126"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert agent.seen[1][-1] == {"role": "tool", "content": "20126"}
+
+
+def test_the_tools_are_shown_in_the_system_message_without_a_template_for_them(agent):
+    system = agent.show_tools([Tool.of(calculator)], "Be brief.", None)
+    assert system.startswith("You can call tools") and system.endswith("\n\nBe brief.")
+    assert '"name": "calculator"' in system and agent.tools is None

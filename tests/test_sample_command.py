@@ -61,3 +61,14 @@ def test_sample_and_chat_run_at_the_asked_precision(precision, tiny_model_dir, m
     )
     assert "bot> " in capsys.readouterr().out
     assert seen == [precision == "bf16"] * 2
+
+
+def test_sample_with_tools_plays_an_episode_from_each_prompt(tiny_model_dir):
+    cmd = [sys.executable, "-m", "rlhfkit.cli", "sample", "--model", str(tiny_model_dir)]
+    cmd += ["--prompt", "What is 3 times 4?", "--num_samples", "2", "--max_new_tokens", "6"]
+    cmd += ["--tools", "rlhfkit.tasks.calculator:calculator", "--tools_prompt", "Call tools."]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines.count("What is 3 times 4? |") == 2
+    assert sum(line.startswith("[assistant] ") for line in lines) >= 2

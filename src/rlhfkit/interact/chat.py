@@ -24,15 +24,19 @@ from typing import Literal
 import torch
 
 from rlhfkit.config import ConfigError, RewardOptions, checked_sampling
-from rlhfkit.data import Message, pad
+from rlhfkit.data import Message, PromptColumns, pad
+from rlhfkit.experience.episodes import EpisodeSettings, ToolEnv, transcript
 from rlhfkit.experience.generation import SamplingConfig
+from rlhfkit.experience.rollout import ExperienceMaker
 from rlhfkit.experience.scorer_loading import check_no_columns_needed
 from rlhfkit.experience.scorers import ScoreInput, Scorer, WeightedScorer, distinct_keys
 from rlhfkit.interact.env import LMAgent, encode_for_scoring, score_texts, token_budget
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.text import terminal_text
+from rlhfkit.trainers.rl_config import ToolOptions
 
 BANNER = "Chatting with {model}. /reset clears the history, /quit (or Ctrl-D) exits."
+MAX_TOOL_ROUNDS = 4  # tool calls answered per message before the reply stands as it is
 USER_PROMPT = "you> "
 
 
@@ -41,10 +45,13 @@ def chat_loop(
     scorer: Scorer | None = None,
     *,
     system: str | None = None,
+    tools: ToolEnv | None = None,
     read: Callable[[str], str] = input,
     write: Callable[[str], None] = print,
 ) -> list[Message]:
-    """Read a message, answer it, show the reward; until ``/quit`` or end of input.
+    """Read a message, answer it, show the reward; until ``/quit`` or end of input. With
+    ``tools``, a reply that calls tools is followed by their results (shown as ``tool>``)
+    and the model's next reply, up to ``MAX_TOOL_ROUNDS`` times.
 
     Returns the conversation as it stood when the loop ended.
     """
@@ -68,12 +75,30 @@ def chat_loop(
         messages.append({"role": "user", "content": text})
         reply = agent.generate(messages)
         write(f"bot> {terminal_text(reply)}")
+        if tools is not None:
+            reply = _tool_rounds(agent, tools, messages, reply, write)
         if scorer is not None:
             batch = encode_for_scoring(
                 agent.tokenizer, [messages], [reply], max_length, agent.device
             )
             write(f"[reward {reward_line(scorer, batch)}]")
         messages.append({"role": "assistant", "content": reply})
+
+
+def _tool_rounds(agent: LMAgent, tools: ToolEnv, messages: list[Message], reply: str, write) -> str:
+    """While ``reply`` calls tools (at most ``MAX_TOOL_ROUNDS`` times): the reply and the
+    tools' results joined to ``messages``, and the model's next reply. Returns the last."""
+    for _ in range(MAX_TOOL_ROUNDS):
+        results, _, answered, _, _ = tools.step(reply)
+        if answered:
+            break
+        messages.append({"role": "assistant", "content": reply})
+        for result in results:
+            write(f"tool> {terminal_text(result['content'])}")
+            messages.append(result)
+        reply = agent.generate(messages)
+        write(f"bot> {terminal_text(reply)}")
+    return reply
 
 
 def reward_line(scorer: Scorer, batch: ScoreInput) -> str:
@@ -91,7 +116,7 @@ def reward_line(scorer: Scorer, batch: ScoreInput) -> str:
 
 
 @dataclass(kw_only=True)
-class ChatConfig(RewardOptions):
+class ChatConfig(ToolOptions, RewardOptions):
     """Chat in the terminal with a causal LM checkpoint, each reply's reward shown.
 
     The reward_* fields name the scorer; with none named, no reward is shown."""
@@ -119,6 +144,7 @@ class ChatConfig(RewardOptions):
 
     def __post_init__(self) -> None:
         self._check_rewards(required=False)
+        self._check_tools()
         self.sampling  # noqa: B018 (checks the sampling fields)
 
     @property
@@ -156,20 +182,27 @@ def _precision(agent: LMAgent, mixed_precision: str) -> torch.autocast:
 
 
 def run_chat(config: ChatConfig) -> None:
-    """Load the model (and the reward's scorer), then chat until /quit or end of input."""
+    """Load the model (and the reward's scorer, the tools), then chat until /quit or end of
+    input."""
     with _quiet_data_reports():
         agent = LMAgent.from_pretrained(config.model, sampling=config.sampling, seed=config.seed)
         scorer = _scorer(config, agent, "chat")
+        factory = config.tool_environment()
+        tools = factory() if factory is not None else None
+        system = config.system
+        if tools is not None:
+            system = agent.show_tools(tools.tools, system, config.tools_prompt)
         print(BANNER.format(model=terminal_text(config.model)), flush=True)
         with _precision(agent, config.mixed_precision):
-            chat_loop(agent, scorer, system=config.system)
+            chat_loop(agent, scorer, system=system, tools=tools)
 
 
 @dataclass(kw_only=True)
-class SampleConfig(RewardOptions):
+class SampleConfig(ToolOptions, RewardOptions):
     """Print sampled continuations of prompts, to see what any checkpoint writes.
 
-    Each is shown with its score when the reward_* fields name a scorer."""
+    Each is shown with its score when the reward_* fields name a scorer. With tools, each
+    prompt is a user message the model answers, calling the tools, turn by turn."""
 
     model: str
     """Checkpoint directory (or hub name) of a causal LM and its tokenizer."""
@@ -198,6 +231,7 @@ class SampleConfig(RewardOptions):
         if not self.prompt:
             raise ConfigError("SampleConfig.prompt is empty: give at least one --prompt")
         self._check_rewards(required=False)
+        self._check_tools()
         self.sampling  # noqa: B018 (checks the sampling fields)
 
     @property
@@ -216,6 +250,9 @@ def _sample_and_print(config: SampleConfig) -> None:
     tok = agent.tokenizer
     given = [config.prompt] if isinstance(config.prompt, str) else config.prompt
     prompts = [p for p in given for _ in range(config.num_samples)]
+    if config.tools:
+        _play_and_print(config, agent, prompts)
+        return
     ids = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts]
     query, query_mask = pad(ids, tok.pad_token_id, side="left")
     with _precision(agent, config.mixed_precision):
@@ -233,3 +270,21 @@ def _sample_and_print(config: SampleConfig) -> None:
         print(
             f"{shown}{terminal_text(prompt, one_line=True)} |{terminal_text(text, one_line=True)}"
         )
+
+
+def _play_and_print(config: SampleConfig, agent: LMAgent, prompts: list[str]) -> None:
+    """An episode with the tools from each prompt (a user message), printed turn by turn."""
+    episodes = EpisodeSettings(
+        MAX_TOOL_ROUNDS + 1,
+        max_prompt_length=agent.max_prompt_length,
+        tools_prompt=config.tools_prompt,
+    )
+    maker = ExperienceMaker.sampler(
+        agent.model, agent.tokenizer, config.sampling, None, config.tool_environment(), episodes
+    )
+    generator = torch.Generator(agent.device).manual_seed(config.seed)
+    with _precision(agent, config.mixed_precision):
+        out = maker.play(PromptColumns(prompts, {}), [config.seed] * len(prompts), generator)
+    for prompt, completion in zip(prompts, out.completions, strict=True):
+        print(f"{terminal_text(prompt, one_line=True)} |")
+        print(terminal_text(transcript(completion)))

@@ -52,9 +52,11 @@ from rlhfkit.data import (
     encode_prompts,
     load_records,
     pad,
+    template_takes_tools,
 )
 from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.experience.scorers import ScoreInput, Scorer, as_scorer
+from rlhfkit.experience.tools import Tool, tools_prompt
 from rlhfkit.models.loading import load_causal_lm, load_tokenizer, model_device
 
 MAX_TEXT_CHARS = 1 << 16  # bound of the Text spaces; any conversation that fits a model does
@@ -301,6 +303,7 @@ class LMAgent:
         max_prompt_length: int | None = None,
     ):
         self.model, self.tokenizer = model, tokenizer
+        self.tools: list[dict] | None = None  # schemas for a chat template that takes them
         self.sampling = sampling or SamplingConfig()
         self.device = model_device(model)
         self.generator = None
@@ -322,9 +325,21 @@ class LMAgent:
         model = load_causal_lm(path, tokenizer=tokenizer).eval()
         return cls(model, tokenizer, **kwargs)
 
+    def show_tools(self, tools: list[Tool], system: str | None, template: str | None) -> str | None:
+        """Show ``tools`` to the model in every prompt: through its chat template where that
+        takes them, else in the system message returned (``tools.tools_prompt``, with
+        ``template`` its text, before ``system``)."""
+        if template_takes_tools(self.tokenizer):
+            self.tools = [tool.schema for tool in tools]
+            return system
+        shown = tools_prompt(tools, template)
+        return shown if system is None else f"{shown}\n\n{system}"
+
     def generate(self, prompt: Prompt) -> str:
         """The reply to ``prompt`` (a string to continue, or chat messages) as text."""
-        (ids,), _ = encode_prompts([PromptRecord(prompt)], self.tokenizer, self.max_prompt_length)
+        (ids,), _ = encode_prompts(
+            [PromptRecord(prompt)], self.tokenizer, self.max_prompt_length, tools=self.tools
+        )
         query, query_mask = pad([ids], self.tokenizer.pad_token_id, side="left")  # (1, Tq)
         out = self._generate(query.to(self.device), query_mask.to(self.device))
         text = self.tokenizer.decode(

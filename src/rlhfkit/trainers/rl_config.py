@@ -121,15 +121,35 @@ class RolloutOptions:
 
 
 @dataclass
-class EpisodeOptions:
-    """Episodes: the policy calls tools or plays an environment over several turns
-    (`experience/episodes.py`), instead of answering each prompt once."""
+class ToolOptions:
+    """Tools the policy may call (`experience/tools.py`): in episodes, and in `chat` and
+    `sample`."""
 
     tools: list[str] = field(default_factory=list)
     """Tools the policy may call, 'module:function' each: Python functions with type hints
     and a docstring whose Args: describe each argument, shown to the policy as JSON schemas
     and called as <tool_call>{"name": ..., "arguments": {...}}</tool_call>. They are your
     code, run with your rights."""
+    tool_timeout: float = 10.0
+    """Seconds a tool call may run; past it the policy reads an error instead."""
+    tools_prompt: str | None = None
+    """The system prompt that shows the tools to a model whose chat template takes none, with
+    {tools} where their JSON schemas go, one per line; None: rlhfkit's default (the
+    <tool_call> format and the schemas). SFT demonstrations should show the same."""
+
+    def tool_environment(self):
+        """What makes a ``ToolEnv`` of the tools; None without tools."""
+        return environment_factory(None, self.tools, self.tool_timeout)
+
+    def _check_tools(self) -> None:
+        require(self, "tool_timeout", self.tool_timeout > 0, "> 0 seconds")
+
+
+@dataclass
+class EpisodeOptions(ToolOptions):
+    """Episodes: the policy calls tools or plays an environment over several turns
+    (`experience/episodes.py`), instead of answering each prompt once."""
+
     environment: str | None = None
     """'module:Class' of a Gymnasium text environment (reset gives the first prompt, step
     the environment's reply, its reward and whether the episode is over), or of a class whose
@@ -139,12 +159,6 @@ class EpisodeOptions:
     max_episode_tokens: int | None = None
     """Tokens of an episode after its prompt, the policy's and the environment's together;
     None: each turn has `max_new_tokens`."""
-    tool_timeout: float = 10.0
-    """Seconds a tool call may run; past it the policy reads an error instead."""
-    tools_prompt: str | None = None
-    """The system prompt that shows the tools to a model whose chat template takes none, with
-    {tools} where their JSON schemas go, one per line; None: rlhfkit's default (the
-    <tool_call> format and the schemas). SFT demonstrations should show the same."""
 
     @property
     def has_episodes(self) -> bool:
@@ -161,10 +175,10 @@ class EpisodeOptions:
         )
 
     def _check_episodes(self) -> None:
+        self._check_tools()
         require(self, "max_turns", self.max_turns >= 1, "an integer >= 1")
         budget = self.max_episode_tokens
         require(self, "max_episode_tokens", budget is None or budget >= 1, "None or >= 1")
-        require(self, "tool_timeout", self.tool_timeout > 0, "> 0 seconds")
         require(
             self,
             "environment",
