@@ -88,9 +88,7 @@ def run(episodes: bool, steps: int, turn: int, threads: int) -> list[float]:
             max_turns=2, max_steps=steps, learning_rate=1e-5, log_every=steps,
             sample_every=steps, cpu=True, seed=0, report_to=[], resume=False,
         )  # fmt: skip
-        prompts = load_prompts(
-            str(DEMO_DATA_DIR / "prompts"), "train", tokenizer, 32, limit=64
-        )
+        prompts = load_prompts(str(DEMO_DATA_DIR / "prompts"), "train", tokenizer, 32, limit=64)
         policy = load_causal_lm(str(BASE_MODEL_DIR), tokenizer=tokenizer)
         forced = ForcedLength(policy, tokenizer.eos_token_id, length)
         sample = ExperienceMaker.sample
