@@ -64,7 +64,7 @@ from pathlib import Path
 
 from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
 
-from rlhfkit.tasks import guessing, ifeval, instructions, math_problems
+from rlhfkit.tasks import calculator, guessing, ifeval, instructions, math_problems
 from rlhfkit.tasks.instructions import check_lengths
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -191,6 +191,7 @@ REWARD_FUNCTIONS = {
     "instructions": instructions.instructions_reward,
     "ifeval": ifeval.ifeval_reward,
     "math": math_problems.math_reward,
+    "calculator": calculator.answer_reward,
     "guessing": guessing.solved,
 }
 """The gold judge of each built-in task, by the task's name."""
