@@ -243,10 +243,7 @@ def run_episodes(
     ``sample(query, query_mask, max_new_tokens)`` samples one turn of the policy for
     left-padded prompts (B, Tq); a turn has at most ``max_new_tokens`` tokens, fewer where
     the episode's budget has fewer left."""
-    episodes = [
-        _start(factory, prompt, starts.columns, i, seed, tokenizer, settings)
-        for i, (prompt, seed) in enumerate(zip(starts.prompts, seeds, strict=True))
-    ]
+    episodes = _start(factory, starts, seeds, tokenizer, settings)
     while active := [e for e in episodes if not e.done]:
         budget = min(max_new_tokens, max(_tokens_left(e, settings) for e in active))
         contexts = [e.query + e.response for e in active]
@@ -260,25 +257,34 @@ def run_episodes(
     return _output(episodes, tokenizer, device)
 
 
-def _start(factory, prompt, columns, row, seed, tokenizer, settings) -> Episode:
-    """A fresh environment reset for row ``row`` and the ids of the prompt it gives, with the
-    tools it names shown."""
-    env = factory()
-    options = {"prompt": prompt, **{name: values[row] for name, values in columns.items()}}
-    observation, _ = _call(env.reset, prompt, seed=seed, options=options)
-    tools = list(getattr(env, "tools", None) or [])
-    schemas = None
-    if tools:
-        if isinstance(observation, str):
-            observation = [{"role": "user", "content": observation}]
-        if template_takes_tools(tokenizer):
-            schemas = [tool.schema for tool in tools]
-        else:
-            observation = _with_system(observation, tools_prompt(tools, settings.tools_prompt))
-    (ids,), _ = encode_prompts(
-        [PromptRecord(observation)], tokenizer, settings.max_prompt_length, tools=schemas
-    )
-    return Episode(env, observation, ids)
+def _start(factory, starts: PromptColumns, seeds, tokenizer, settings) -> list[Episode]:
+    """A fresh environment for each row of ``starts``, reset with its seed, and the ids of
+    the prompt it gives, with the tools it names shown; one tokenisation per set of tools."""
+    shown, tools_of = [], []
+    for row, (prompt, seed) in enumerate(zip(starts.prompts, seeds, strict=True)):
+        env = factory()
+        options = {"prompt": prompt, **{k: v[row] for k, v in starts.columns.items()}}
+        observation, _ = _call(env.reset, prompt, seed=seed, options=options)
+        tools = list(getattr(env, "tools", None) or [])
+        if tools:
+            if isinstance(observation, str):
+                observation = [{"role": "user", "content": observation}]
+            if not template_takes_tools(tokenizer):
+                observation = _with_system(observation, tools_prompt(tools, settings.tools_prompt))
+        shown.append((env, observation))
+        tools_of.append(tools if template_takes_tools(tokenizer) else [])
+    ids: list[list[int]] = [[] for _ in shown]
+    names = [tuple(tool.name for tool in tools) for tools in tools_of]
+    for group in dict.fromkeys(names):
+        rows = [i for i, name in enumerate(names) if name == group]
+        records = [PromptRecord(shown[i][1]) for i in rows]
+        schemas = [tool.schema for tool in tools_of[rows[0]]] or None
+        encoded, _ = encode_prompts(records, tokenizer, settings.max_prompt_length, tools=schemas)
+        for i, row_ids in zip(rows, encoded, strict=True):
+            ids[i] = row_ids
+    return [
+        Episode(env, observation, row) for (env, observation), row in zip(shown, ids, strict=True)
+    ]
 
 
 def _with_system(messages: list[Message], text: str) -> list[Message]:
