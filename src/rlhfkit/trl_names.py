@@ -127,7 +127,6 @@ _FIXED_REFERENCE = missing(
     "the reference stays fixed during a run (TR-DPO's reference updates are not implemented); "
     "to move it, start a new run whose --reference is a checkpoint of this one"
 )
-_ONE_TURN = missing("responses are one turn of text; tool calling is not implemented")
 _VLLM = missing(
     "rlhfkit samples with the policy itself in the training process (a static KV cache, CUDA "
     "graphs on a GPU: docs/gpu.md); there is no vLLM engine to configure"
@@ -637,7 +636,10 @@ GRPO_CONFIG: dict[str, Answer] = {
     "entropy_coef_max": _ENTROPY_BONUS,
     "entropy_coef_delta": _ENTROPY_BONUS,
     "entropy_target": _ENTROPY_BONUS,
-    "max_tool_calling_iterations": _ONE_TURN,
+    "max_tool_calling_iterations": ours(
+        "max_turns",
+        note="the policy's turns per episode, its answer included: TRL's iterations + 1",
+    ),
     "vllm_importance_sampling_correction": _VLLM,
     "vllm_importance_sampling_mode": _VLLM,
     "vllm_importance_sampling_clip_max": _VLLM,
@@ -736,8 +738,8 @@ RL_SCRIPT_ARGUMENTS: dict[str, Answer] = {
     "reward_model_name_or_path": ours("reward_model"),
     "reward_funcs": ours(
         "reward_functions",
-        note="digits, gold, ifeval, instructions, math, math_format, sentiment, unasked_case, "
-        "perplexity, perplexity:PATH or module:function",
+        note="digits, gold, ifeval, instructions, math, math_format, calculator, guessing, "
+        "sentiment, unasked_case, perplexity, perplexity:PATH or module:function",
     ),
 }
 """The reward options of TRL's GRPO and RLOO scripts."""
@@ -768,7 +770,9 @@ OLDER_DPO: dict[str, Answer] = {
     "use_logits_to_keep": missing("only the positions that are scored go through the LM head"),
     "padding_value": _PAD,
     "label_pad_token_id": missing("unscored positions are always labelled -100"),
-    "tools": _ONE_TURN,
+    "tools": missing(
+        "DPO learns from pairs of texts; tools are for the RL stages (--tools, docs/tools.md)"
+    ),
     "use_liger_loss": _LIGER,
     "base_model_attribute_name": _LIGER,
 }
