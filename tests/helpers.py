@@ -218,3 +218,19 @@ def load_script(path: Path):
     sys.modules[spec.name] = module  # where its dataclasses look their annotations up
     spec.loader.exec_module(module)
     return module
+
+
+def stopped_and_resumed_equals_straight(trainer, stop_after: int):
+    """Train ``trainer("a")`` straight through, and ``trainer("b")`` stopped after
+    ``stop_after`` steps then resumed (``trainer(out, resume=True)``); assert their final
+    weights are equal, tensor by tensor. Returns the two trainers."""
+    straight = trainer("a")
+    straight.train()
+    trainer("b").train(stop_after=stop_after)
+    resumed = trainer("b", resume=True)
+    resumed.train()
+    for (name, a), b in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(a, b, msg=name)
+    return straight, resumed

@@ -12,7 +12,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from helpers import OBJECTS, SUBJECTS, VERBS, stage_config, tiny_lm, write_jsonl
+from helpers import (
+    OBJECTS,
+    SUBJECTS,
+    VERBS,
+    stage_config,
+    stopped_and_resumed_equals_straight,
+    tiny_lm,
+    write_jsonl,
+)
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
 from rlhfkit.models.loading import disable_dropout
@@ -292,15 +300,7 @@ def test_resume_with_precomputed_reference_equals_an_uninterrupted_run(
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
         return DPOTrainer(config, model, tiny_tokenizer, train)
 
-    straight = trainer("a")
-    straight.train()
-    trainer("b").train(stop_after=2)
-    resumed = trainer("b", resume=True)
-    resumed.train()
-    for (name, a), b in zip(
-        straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=True
-    ):
-        torch.testing.assert_close(a, b, msg=name)
+    stopped_and_resumed_equals_straight(trainer, stop_after=2)
 
 
 def test_disable_dropout_makes_train_mode_deterministic(tiny_model):
