@@ -193,7 +193,9 @@ def test_parse_scorer_specs(tiny_tokenizer, tiny_model_dir, reward_model_dir, lm
     assert parse_scorer("rlhfkit.tasks:digits_reward").name == "rlhfkit.tasks:digits_reward"
     with pytest.raises(ValueError, match="needs a model"):
         parse_scorer("perplexity")
-    with pytest.raises(ValueError, match="'nonsense': not a known scorer.*allowed: digits"):
+    with pytest.raises(
+        ValueError, match=r"'nonsense': not a known scorer.*allowed: calculator \| digits"
+    ):
         parse_scorer("nonsense")
 
 

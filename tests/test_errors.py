@@ -119,7 +119,7 @@ CASES = {
     "reward spec without colon": (
         lambda p: sample(p, "nocolon"),
         2,
-        ["reward function 'nocolon': not a known scorer; allowed: digits"],
+        ["reward function 'nocolon': not a known scorer; allowed: calculator | digits"],
     ),
     "reward module missing": (
         lambda p: sample(p, "rlhfkit_no_such_module:f"),

@@ -73,7 +73,9 @@ def test_every_help_that_lists_the_bundled_names_lists_them_all():
 def test_a_misplaced_or_unknown_name_says_what_is_allowed(reward_model_dir):
     with pytest.raises(UsageError, match="is a directory: give a reward model as reward_model"):
         build_scorer(None, [str(reward_model_dir)])
-    with pytest.raises(UsageError, match="'golden': not a known scorer; allowed: digits"):
+    with pytest.raises(
+        UsageError, match=r"'golden': not a known scorer; allowed: calculator \| digits"
+    ):
         build_scorer(None, ["golden"])
 
 

@@ -65,7 +65,15 @@ def test_reward_functions_score_responses_only():
     responses = [POSITIVE, "and 1 or 2 more."]
     assert tasks.gold_reward(prompts, responses) == [tasks.gold_score(r) for r in responses]
     assert tasks.digits_reward(prompts, responses) == [0.0, 2.0]
-    assert set(tasks.REWARD_FUNCTIONS) == {"sentiment", "digits", "instructions", "ifeval", "math"}
+    assert set(tasks.REWARD_FUNCTIONS) == {
+        "sentiment",
+        "digits",
+        "instructions",
+        "ifeval",
+        "math",
+        "calculator",
+        "guessing",
+    }
     with pytest.raises(ValueError, match="2 prompts but 1 responses"):
         tasks.gold_reward(prompts, responses[:1])
 

@@ -455,10 +455,11 @@ class EvalPromptOptions:
     """Use only the first this many evaluation prompts; None uses all."""
     gold_functions: list[str] = dataclasses.field(default_factory=list)
     """Reward functions named as in `reward_functions` (digits, gold, ifeval, instructions,
-    math, math_format, sentiment, unasked_case, module:function) that score the held-out samples at each evaluation beside
-    the training scorer, their sum logged as `eval/gold`. Never trained on: the true measure, where the
-    training reward is a learnt proxy (a reward model), so that over-optimisation shows while
-    the run goes (the gold falls while `eval/score` rises). Needs `eval_data`."""
+    math, math_format, calculator, guessing, sentiment, unasked_case, module:function) that
+    score the held-out samples at each evaluation beside the training scorer, their sum logged
+    as `eval/gold`. Never trained on: the true measure, where the training reward is a learnt
+    proxy (a reward model), so that over-optimisation shows while the run goes (the gold falls
+    while `eval/score` rises). Needs `eval_data`."""
 
     def _check_eval_prompts(self) -> None:
         limit = self.max_eval_samples
@@ -535,7 +536,8 @@ class RewardOptions(RewardModelOptions):
     its columns instruction_id_list and kwargs, or ground_truth), unasked_case (-1 for a
     letter case the prompt did not ask for, beside instructions), math (1 where the final
     answer equals the row's answer column, by Math-Verify), math_format (1 where the last line
-    is "Answer: <number>"),
+    is "Answer: <number>"), calculator (1 where the final number is the row's answer),
+    guessing (1 for a won guessing game, read from the episode's environment),
     perplexity (under the policy), perplexity:PATH (under the causal LM at PATH), or
     module:function, a Python reward function (imported and run: name only code you trust)
     written TRL's way, `f(prompts, completions, completion_ids, **columns)`, which gets the

@@ -547,10 +547,7 @@ class ExperienceMaker:
             timings=timings,
             score_parts=score_parts,
             prompt_columns=prompt_columns,
-            env_mask=batch.env_mask,
-            episode_stats=batch.episode_stats or {},
-            completions=batch.completions,
-            environments=batch.environments,
+            **_episode_fields(batch),
         )
 
     def _sample_or_play(self, query, query_mask, generator, prompt_columns, env_seeds) -> tuple:
@@ -717,6 +714,16 @@ class ExperienceMaker:
         ):
             results.update(part)
         return results
+
+
+def _episode_fields(batch: ScoreInput) -> dict[str, Any]:
+    """The ``Rollout`` fields of episodes, as the scorer read them (None or {} for bandits)."""
+    return {
+        "env_mask": batch.env_mask,
+        "episode_stats": batch.episode_stats or {},
+        "completions": batch.completions,
+        "environments": batch.environments,
+    }
 
 
 def estimate_advantages(
