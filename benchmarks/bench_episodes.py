@@ -106,11 +106,16 @@ def run(episodes: bool, steps: int, turn: int, threads: int) -> list[float]:
             seconds = []
             for _ in range(steps):
                 started = time.perf_counter()
-                trainer.step()
+                metrics, _ = trainer.step()
                 trainer.state.step += 1
                 seconds.append(time.perf_counter() - started)
         finally:
             ExperienceMaker.sample = sample
+    tokens = metrics["response/length"] + metrics.get("episode/env_tokens", 0.0)
+    turns = metrics.get("episode/turns", 1.0)
+    print(
+        f"{'episodes' if episodes else 'bandit'}: {tokens:.1f} tokens a sequence, {turns:.1f} turns"
+    )
     return seconds
 
 
