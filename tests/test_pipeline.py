@@ -14,6 +14,7 @@ from rlhfkit import checkpoint as ckpt
 from rlhfkit.cli import main
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.evaluation.report import (
+    EPISODE_COLUMNS,
     TABLE_COLUMNS,
     load_eval,
     overoptimization,
@@ -57,10 +58,12 @@ def test_every_stage_leaves_a_loadable_model_and_the_report_is_filled(finished):
     result = load_eval(run / "eval.json")
     rows = result["rows"]
     assert [r["model"] for r in rows] == ["base", "sft", "ppo", "dpo", "best-of-4"]
-    for row in rows:  # all but IFEval's figures: the demo's prompts carry no IFEval columns
-        for column in [c for c in TABLE_COLUMNS[1:] if not c.startswith("ifeval_")]:
+    # all but IFEval's figures (the demo's prompts carry no IFEval columns) and the episodes'
+    shown = [c for c in TABLE_COLUMNS[1:] if c not in EPISODE_COLUMNS]
+    for row in rows:
+        for column in [c for c in shown if not c.startswith("ifeval_")]:
             assert isinstance(row[column], float) and math.isfinite(row[column]), (row, column)
-        assert not any(c.startswith("ifeval_") for c in row)
+        assert not any(c.startswith("ifeval_") or c in EPISODE_COLUMNS for c in row)
     assert rows[1]["kl"] == 0.0 and rows[1]["win_rate_gold"] == 0.5  # SFT is the reference
     assert result["reward_model"]["pairs"] > 0
 

@@ -32,6 +32,18 @@ REPORT_FILE = "report.md"
 PLOTS = "plots"  # the PNGs, next to the report
 OVEROPT_PNG = "gold_proxy_vs_kl.png"
 ROUNDS_PNG = "rounds_gold_proxy_vs_kl.png"
+EPISODE_COLUMNS = (
+    "turns",
+    "turns_se",
+    "turns_to_success",
+    "turns_to_success_se",
+    "tool_calls",
+    "tool_calls_se",
+    "tool_errors",
+    "tool_errors_se",
+    "truncated",
+)
+"""The results table's columns of episodes (tools or an environment), where rows have them."""
 TABLE_COLUMNS = (
     "model",
     "gold",
@@ -42,15 +54,7 @@ TABLE_COLUMNS = (
     "ifeval_prompt_loose",
     "ifeval_instruction_strict",
     "ifeval_instruction_loose",
-    "turns",
-    "turns_se",
-    "turns_to_success",
-    "turns_to_success_se",
-    "tool_calls",
-    "tool_calls_se",
-    "tool_errors",
-    "tool_errors_se",
-    "truncated",
+    *EPISODE_COLUMNS,
     "reward",
     "kl",
     "win_rate_rm",
