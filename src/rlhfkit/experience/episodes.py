@@ -261,6 +261,7 @@ def _start(factory, starts: PromptColumns, seeds, tokenizer, settings) -> list[E
     """A fresh environment for each row of ``starts``, reset with its seed, and the ids of
     the prompt it gives, with the tools it names shown; one tokenisation per set of tools."""
     shown, tools_of = [], []
+    templated = template_takes_tools(tokenizer)
     for row, (prompt, seed) in enumerate(zip(starts.prompts, seeds, strict=True)):
         env = factory()
         options = {"prompt": prompt, **{k: v[row] for k, v in starts.columns.items()}}
@@ -269,10 +270,10 @@ def _start(factory, starts: PromptColumns, seeds, tokenizer, settings) -> list[E
         if tools:
             if isinstance(observation, str):
                 observation = [{"role": "user", "content": observation}]
-            if not template_takes_tools(tokenizer):
+            if not templated:
                 observation = _with_system(observation, tools_prompt(tools, settings.tools_prompt))
         shown.append((env, observation))
-        tools_of.append(tools if template_takes_tools(tokenizer) else [])
+        tools_of.append(tools if templated else [])
     ids: list[list[int]] = [[] for _ in shown]
     names = [tuple(tool.name for tool in tools) for tools in tools_of]
     for group in dict.fromkeys(names):
