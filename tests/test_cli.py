@@ -50,6 +50,15 @@ def test_unknown_command_fails(capsys):
     assert "invalid choice: 'sftt'" in capsys.readouterr().err
 
 
+def test_launch_names_the_stages_it_runs_and_shows_torchruns_options(capsys):
+    assert main(["launch", "--nproc_per_node", "2"]) == 2
+    error = capsys.readouterr().err
+    assert "rlhfkit launch: error: name the stage to launch (" in error and "grpo, ppo" in error
+    assert "eval" not in error.split("(")[1].split(")")[0]  # one process: not launched
+    assert main(["launch", "--help"]) == 0
+    assert "--nproc_per_node" in capsys.readouterr().out
+
+
 def _cli(*args, cwd):
     env = dict(os.environ, OMP_NUM_THREADS="2", TOKENIZERS_PARALLELISM="false")
     result = subprocess.run(

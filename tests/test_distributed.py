@@ -47,6 +47,12 @@ def _command(processes: int, stage: str, args: list[str]) -> list[str]:
     return [*launcher, f"--nproc_per_node={processes}", "-m", "rlhfkit.cli", stage, *args, *QUIET]
 
 
+def _launch(stage: str, args: list[str]) -> list[str]:
+    """`rlhfkit launch` of ``stage`` on 2 processes: torchrun with the run's exit code."""
+    launcher = [sys.executable, "-m", "rlhfkit.cli", "launch", "--standalone"]
+    return [*launcher, "--nproc_per_node=2", stage, *args, *QUIET]
+
+
 def _run(processes: int, stage: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     result = subprocess.run(
         _command(processes, stage, args), cwd=cwd, env=ENV, capture_output=True, text=True,
@@ -255,20 +261,22 @@ def test_a_two_process_run_killed_and_resumed_ends_as_the_uninterrupted_one(
     assert _steps(tmp_path / "killed") == [1, 2, 3, 4]
 
 
-def test_sigterm_to_torchrun_stops_both_processes_at_one_step_with_a_checkpoint(
+def test_sigterm_to_the_launcher_stops_both_processes_at_one_step_with_a_checkpoint(
     model, data, tmp_path
 ):
     """torchrun passes its SIGTERM on to its workers, each at its own moment: they agree on
     one step, write its checkpoint together (FSDP: each process its optimiser shard), and the
-    run resumes from it to the uninterrupted run's model."""
+    run resumes from it to the uninterrupted run's model. `rlhfkit launch` exits 143, as one
+    process stopped by SIGTERM does (torchrun itself exits 1)."""
     args = [*_rl_args("ppo", model, data), "--max_steps", "12", "--batch_size", "4",
             "--top_k", "0", "--fsdp", "true"]  # fmt: skip
     _run(2, "ppo", [*args, "--output_dir", "straight"], tmp_path)
     stopped = [*args, "--output_dir", "stopped"]
-    process = subprocess.Popen(_command(2, "ppo", stopped), cwd=tmp_path, env=ENV,
+    process = subprocess.Popen(_launch("ppo", stopped), cwd=tmp_path, env=ENV,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     stderr = sigterm_after_steps(process, tmp_path / "stopped")
-    assert process.returncode != 0, "the run ended before the SIGTERM"
+    assert process.returncode == 143, stderr[-4000:]
+    assert "Traceback" not in stderr
     assert stderr.count("rlhfkit ppo: stopped by SIGTERM after step") == 1, stderr[-4000:]
     checkpoint = ckpt.latest_checkpoint(tmp_path / "stopped")
     step = ckpt.read_json(checkpoint / ckpt.STATE_FILE)["step"]
@@ -299,6 +307,31 @@ def test_a_checkpoint_resumes_only_on_the_launch_that_wrote_it(model, data, tmp_
     assert not (tmp_path / "run" / "final").exists()
     _run(2, "sft", args, tmp_path)  # the launch that wrote it goes on
     assert _steps(tmp_path / "run")[-1] == 40
+
+
+def test_a_launch_on_a_directory_another_run_holds_is_refused_by_every_process(
+    model, data, tmp_path
+):
+    """The main process holds the lock; its refusal reaches the other process too, so both
+    say who holds it and the launch exits 2, as one refused process does."""
+    args = [*_stage_args("sft", model, data, 4), "--max_steps", "1000000", "--output_dir", "run"]
+    holder = subprocess.Popen(_command(1, "sft", args), cwd=tmp_path, env=ENV,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not metrics.is_file() and holder.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert holder.poll() is None, "the first run ended before the second started"
+        second = subprocess.run(_launch("sft", args), cwd=tmp_path, env=ENV,
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait()
+    refusals = [line for line in second.stderr.splitlines() if "rlhfkit sft: error" in line]
+    assert second.returncode == 2, second.stderr[-4000:]
+    assert len(refusals) == 2 and all(f"pid {holder.pid}" in line for line in refusals), refusals
+    assert "Connection closed" not in second.stderr and "Traceback" not in second.stderr
 
 
 def test_a_rollout_that_does_not_split_over_the_processes_fails_naming_field_and_world(

@@ -250,6 +250,11 @@ def _top_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     for name, command in COMMANDS.items():
         commands.add_parser(name, help=command.help, aliases=list(command.aliases))
+    commands.add_parser(
+        "launch",
+        help="a training stage on several processes: torchrun's options, then the stage "
+        "(`rlhfkit launch --nproc_per_node 2 sft ...`); it exits as the run did",
+    )
     return parser
 
 
@@ -397,6 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags = set()
     while argv and argv[0] in FLAGS:
         flags.add(argv.pop(0))
+    if argv[:1] == ["launch"]:
+        return _launch(argv[1:], flags)
     found = _command_of(argv)
     if found is None:  # print the help, or the error, and exit
         if argv and argv[0] in GROUPS:
@@ -430,6 +437,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if main_process:
         _print_summary(name, config, result)
     return _exit(0)
+
+
+def _launch(argv: list[str], flags: set[str]) -> int:
+    """`rlhfkit launch`: a training stage under torchrun (`runtime/launch.py`)."""
+    from rlhfkit.runtime.launch import launch
+
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stages = [n for n, c in COMMANDS.items() if c.distributed]
+    stages += [alias for n in stages for alias in COMMANDS[n].aliases]
+    try:
+        return launch(argv, stages, sorted(flags))
+    except UsageError as error:
+        print(f"rlhfkit launch: error: {terminal_text(str(error))}", file=sys.stderr)
+        return 2
 
 
 def _exit(code: int) -> int:

@@ -48,10 +48,28 @@ def mean_over_ranks(value: float) -> float:
     """The mean of a per-process number over every process (``value`` with one process)."""
     if world_size() == 1:
         return value
-    # NCCL (GPUs) reduces tensors on the GPU only; gloo on the CPU.
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    total = sum_over_ranks(torch.tensor(value, dtype=torch.float64, device=device))
+    total = sum_over_ranks(torch.tensor(value, dtype=torch.float64, device=_collective_device()))
     return total.item() / world_size()
+
+
+def text_of_main_process(text: str) -> str:
+    """``text`` as the main process (rank 0) has it, on every process (sent as UTF-8 bytes,
+    nothing unpickled); ``text`` itself with one process."""
+    if world_size() == 1:
+        return text
+    device = _collective_device()
+    data = torch.tensor(list(text.encode()), dtype=torch.uint8, device=device)
+    length = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    dist.broadcast(length, src=0)
+    if rank() != 0:
+        data = torch.empty(int(length), dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=0)
+    return bytes(data.tolist()).decode()
+
+
+def _collective_device() -> str:
+    """Where a collective's tensors live: NCCL (GPUs) works on the GPU only, gloo on the CPU."""
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
 
 
 def shares_over_ranks(counts: torch.Tensor) -> list[float]:

@@ -8,7 +8,9 @@ the messages: a second start is refused naming the holder, and a stale lock is t
 with a warning naming the run that left it. The file is removed on release; a start that
 opened it just before is made to look again (the lock must be on the file the path names).
 
-Only the main process locks. The other processes of a ``torchrun`` launch stop with it, or
+Only the main process locks (``launch_lock``); a refusal is every process's error, said by
+each, so that none waits in its first collective for a main process that left. The other
+processes of a ``torchrun`` launch stop with it, or
 when the launcher dies: its workers run in sessions of their own, so killing only
 ``torchrun`` leaves them training, and a start on the same directory would race them. Each
 worker notes its parent, the launcher, when this module is imported, and the loop asks
@@ -28,10 +30,11 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from rlhfkit.errors import UsageError, disk_errors
+from rlhfkit.errors import RunError, UsageError, disk_errors
+from rlhfkit.runtime.distributed import text_of_main_process
 
 try:
     import fcntl
@@ -75,6 +78,27 @@ def output_lock(output_dir: str | Path) -> Iterator[Path | None]:
     finally:
         path.unlink(missing_ok=True)  # before the close: no one locks a file being removed
         os.close(fd)
+
+
+@contextmanager
+def launch_lock(output_dir: str | Path, main_process: bool) -> Iterator[None]:
+    """``output_lock`` held by the main process of a launch for the block; where it fails,
+    every process raises its error (a `UsageError` for a refusal, else a `RunError`)."""
+    with ExitStack() as held:
+        failed: Exception | None = None
+        if main_process:
+            try:
+                held.enter_context(output_lock(output_dir))
+            except Exception as error:
+                failed = error
+        kind = "" if failed is None else "usage" if isinstance(failed, UsageError) else "run"
+        said = text_of_main_process(f"{kind}:{failed or ''}")
+        if failed is not None:
+            raise failed
+        kind, _, message = said.partition(":")
+        if kind:
+            raise (UsageError if kind == "usage" else RunError)(message)
+        yield
 
 
 def _locked_fd(path: Path) -> int:

@@ -104,7 +104,7 @@ from rlhfkit.errors import NonFiniteError, RunError, Terminated, UsageError, req
 from rlhfkit.models.loading import check_model_source, stored_dtype
 from rlhfkit.runtime.distributed import sum_over_ranks
 from rlhfkit.runtime.machine import Runtime, parameters_cast
-from rlhfkit.runtime.output_lock import launcher_alive, launcher_pid, output_lock
+from rlhfkit.runtime.output_lock import launch_lock, launcher_alive, launcher_pid
 from rlhfkit.runtime.sharding import (
     ShardedModel,
     load_local_optimizer_state,
@@ -430,8 +430,7 @@ class Trainer:
         return (a time-sliced job; the next `train()` resumes there).
         """
         # The lock first: a run refused for another's lock must not write failed.json there.
-        lock = output_lock(self.output_dir) if self.accelerator.is_main_process else nullcontext()
-        with lock:
+        with launch_lock(self.output_dir, self.accelerator.is_main_process):
             try:
                 return self._train(stop_after)
             except Exception as error:
