@@ -12,6 +12,9 @@ after the system message that shows the tools (``tools.tools_prompt``, as an epi
 them to a model whose chat template takes no tools), then "Answer: 20126" after the tool's
 result. A guessing-game demonstration is a game played by halving the range after a random
 first guess (``guessing.halving_game``), each guess a demonstration after the replies so far.
+The small game for the bundled tiny model (``guessing_small``: 1 to ``SMALL_HIGHEST``, its
+rows carry ``highest``) is demonstrated by a player who guesses at random and never listens
+(``guessing.random_game``): the format is taught, the strategy is left to RL.
 
 Problems and secrets of the demonstrations are drawn apart from the prompts' (their own
 seed), so no test prompt is demonstrated. The bundled data is made by the defaults::
@@ -31,6 +34,8 @@ from rlhfkit.tasks import calculator, guessing
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "rlhfkit" / "assets" / "data"
 PROMPT_SPLITS = {"train": 2000, "validation": 256, "test": 256}
+SMALL_HIGHEST = 2
+SMALL_MAX_GUESSES = 2
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -60,13 +65,19 @@ def calculator_demonstrations(problems: list[dict]) -> list[dict]:
     return rows
 
 
-def guessing_demonstrations(secrets: list[int], seed: int) -> list[dict]:
-    """One demonstration per guess of games played by halving the range."""
+def guessing_demonstrations(secrets: list[int], seed: int, small: bool = False) -> list[dict]:
+    """One demonstration per guess of games played by halving the range (the small game:
+    at random)."""
     rng = random.Random(seed)
     rows = []
     for secret in secrets:
-        conversation = [{"role": "user", "content": guessing.PROMPT}]
-        for guess in guessing.halving_game(secret, rng):
+        if small:
+            prompt = guessing.prompt_of(SMALL_HIGHEST)
+            game = guessing.random_game(secret, rng, SMALL_HIGHEST, SMALL_MAX_GUESSES)
+        else:
+            prompt, game = guessing.PROMPT, guessing.halving_game(secret, rng)
+        conversation = [{"role": "user", "content": prompt}]
+        for guess in game:
             rows.append({"prompt": list(conversation), "response": str(guess)})
             reply = "Higher." if guess < secret else "Lower."
             conversation += [
@@ -99,6 +110,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--calculator_demos", type=int, default=300)
     parser.add_argument("--guessing_demos", type=int, default=100)
+    parser.add_argument("--small_guessing_demos", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     total = sum(PROMPT_SPLITS.values())
@@ -118,16 +130,23 @@ def main() -> None:
     write_jsonl(args.out / "calculator" / "sft" / "test.jsonl",
                 calculator_demonstrations(demos[:held_out]))  # fmt: skip
 
-    games = list(guessing.secrets(total, args.seed))
+    write_guessing(args.out / "guessing", args.guessing_demos, args.seed, small=False)
+    write_guessing(args.out / "guessing_small", args.small_guessing_demos, args.seed, small=True)
+
+
+def write_guessing(out: Path, demos: int, seed: int, small: bool) -> None:
+    """The guessing game's prompts and demonstrations, the small game's if ``small``."""
+    highest = SMALL_HIGHEST if small else guessing.HIGHEST
+    games = list(guessing.secrets(sum(PROMPT_SPLITS.values()), seed, highest))
     for name, rows in split_rows(games).items():
-        write_jsonl(args.out / "guessing" / "prompts" / f"{name}.jsonl", rows)
-    rng = random.Random(args.seed + 1)
-    played = [rng.randint(1, guessing.HIGHEST) for _ in range(args.guessing_demos)]
+        write_jsonl(out / "prompts" / f"{name}.jsonl", rows)
+    rng = random.Random(seed + 1)
+    played = [rng.randint(1, highest) for _ in range(demos)]
     held_out = max(1, len(played) // 10)
-    write_jsonl(args.out / "guessing" / "sft" / "train.jsonl",
-                guessing_demonstrations(played[held_out:], args.seed + 2))  # fmt: skip
-    write_jsonl(args.out / "guessing" / "sft" / "test.jsonl",
-                guessing_demonstrations(played[:held_out], args.seed + 3))  # fmt: skip
+    write_jsonl(out / "sft" / "train.jsonl",
+                guessing_demonstrations(played[held_out:], seed + 2, small))  # fmt: skip
+    write_jsonl(out / "sft" / "test.jsonl",
+                guessing_demonstrations(played[:held_out], seed + 3, small))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 """The guessing game: a Gymnasium text environment that answers every turn.
 
 The environment thinks of a whole number between 1 and ``highest`` (the ``secret`` column of
-the prompt's row, else one drawn from the reset's seed) and tells the policy, after each
+the prompt's row, else one drawn from the reset's seed; the range is the row's ``highest``
+column where it has one, so that one dataset can hold a small game) and tells the policy, after each
 guess, "Higher." or "Lower."; a guess that is right ends the episode with reward
 ``1 - TURN_COST x (guesses - 1)``, so that finding it in fewer turns is worth more. A reply
 without a number is answered with a reminder and counts as a turn. After ``max_guesses``
 guesses the episode is cut (``truncated``) with reward 0. Halving the range each turn finds
-any secret within 7 guesses; the SFT demonstrations (``scripts/make_tool_data.py``) play that
-way, from random first guesses, so that RL has something left to learn.
+any secret of 1 to 100 within 7 guesses; the SFT demonstrations (``scripts/make_tool_data.py``)
+play that way from random first guesses, so that RL has something left to learn; those of the
+small game for the bundled tiny model guess at random and never listen, so that RL must teach
+it to read the replies.
 """
 
 from __future__ import annotations
@@ -22,11 +25,18 @@ import numpy as np
 
 HIGHEST = 100
 TURN_COST = 0.1
-PROMPT = (
-    f"I am thinking of a whole number between 1 and {HIGHEST}. Guess it! After each guess I "
-    "will say whether my number is higher or lower. Reply with your guess only."
-)
 NUMBER = re.compile(r"-?\d+")
+
+
+def prompt_of(highest: int = HIGHEST) -> str:
+    """The game's first message, for a secret between 1 and ``highest``."""
+    return (
+        f"I am thinking of a whole number between 1 and {highest}. Guess it! After each guess I "
+        "will say whether my number is higher or lower. Reply with your guess only."
+    )
+
+
+PROMPT = prompt_of()
 
 
 class GuessingGame(gymnasium.Env):
@@ -43,12 +53,13 @@ class GuessingGame(gymnasium.Env):
     ) -> tuple[str, dict]:
         super().reset(seed=seed)
         options = options or {}
+        self.highest = int(options.get("highest", self.highest))
         secret = options.get("secret")
         self.secret = (
             int(secret) if secret is not None else int(self.np_random.integers(1, self.highest + 1))
         )
         self.guesses, self.solved = 0, False
-        return options.get("prompt", PROMPT), {"secret": self.secret}
+        return options.get("prompt", prompt_of(self.highest)), {"secret": self.secret}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         self.guesses += 1
@@ -84,8 +95,21 @@ def halving_game(secret: int, rng: random.Random, highest: int = HIGHEST) -> lis
     return guesses
 
 
-def secrets(count: int, seed: int) -> Iterator[dict]:
-    """``count`` games as prompt records with their ``secret`` column."""
+def random_game(
+    secret: int, rng: random.Random, highest: int = HIGHEST, max_guesses: int = 10
+) -> list[int]:
+    """The guesses of a player who guesses at random and never listens, until it finds the
+    secret or has made ``max_guesses``."""
+    guesses = [rng.randint(1, highest)]
+    while guesses[-1] != secret and len(guesses) < max_guesses:
+        guesses.append(rng.randint(1, highest))
+    return guesses
+
+
+def secrets(count: int, seed: int, highest: int = HIGHEST) -> Iterator[dict]:
+    """``count`` games as prompt records with their ``secret`` (and, for another range than
+    the default, ``highest``) column."""
     rng = np.random.default_rng(seed)
-    for secret in rng.integers(1, HIGHEST + 1, size=count):
-        yield {"prompt": PROMPT, "secret": int(secret)}
+    for secret in rng.integers(1, highest + 1, size=count):
+        game = {"highest": highest} if highest != HIGHEST else {}
+        yield {"prompt": prompt_of(highest), "secret": int(secret), **game}
