@@ -61,7 +61,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import busy_cpu_s  # noqa: E402  (sets the offline settings first)
+from common import MachineLoad  # noqa: E402  (sets the offline settings first)
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "src" / "rlhfkit" / "assets" / "base"
@@ -270,11 +270,6 @@ def worker(out: Path, profile_step: int, argv: list[str]) -> int:
 
 
 # ----------------------------------------------------------------- the runs
-def children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def one_run(workload: str, layout: str, args: argparse.Namespace, scratch: Path) -> dict:
     processes, threads = LAYOUTS[layout]
     run_dir = Path(tempfile.mkdtemp(prefix=f"{workload}_{layout}_", dir=scratch))
@@ -285,10 +280,9 @@ def one_run(workload: str, layout: str, args: argparse.Namespace, scratch: Path)
     command = [*launcher, str(Path(__file__).resolve()), "--worker", str(run_dir),
                "--profile-step", str(args.steps + 2), "--", *argv]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
-    busy, children, wall = busy_cpu_s(), children_cpu_s(), time.perf_counter()
+    load, started = MachineLoad(), time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - wall
-    foreign = max(0.0, busy_cpu_s() - busy - (children_cpu_s() - children)) / wall
+    wall, foreign = time.perf_counter() - started, load.foreign_cores()
     if done.returncode != 0:
         sys.exit(f"run failed ({done.returncode}): {shlex.join(command)}\n{done.stderr[-3000:]}")
     ranks = [json.loads((run_dir / f"rank{r}.json").read_text()) for r in range(processes)]

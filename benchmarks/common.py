@@ -20,20 +20,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 def busy_cpu_s() -> float:
     """Machine-wide busy CPU seconds since boot (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        values = [int(x) for x in f.readline().split()[1:]]
-    return (sum(values[:8]) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+    from rlhfkit.runtime.threads import busy_cpu_seconds
+
+    return busy_cpu_seconds()
 
 
 def own_cpu_s() -> float:
-    """CPU seconds this process has used (user + system)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """CPU seconds this process and its finished children have used (user + system)."""
+    from rlhfkit.runtime.threads import own_cpu_seconds
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own_cpu_seconds() + children.ru_utime + children.ru_stime
 
 
 class MachineLoad:
     """From its creation on: the cores other processes kept busy, on average (the machine is
-    shared, and a benchmark taken beside another job measures that job too)."""
+    shared, and a benchmark taken beside another job measures that job too). The benchmark's
+    own work, in this process or in the runs it started and waited for, is not counted."""
 
     def __init__(self) -> None:
         self.busy, self.own, self.wall = busy_cpu_s(), own_cpu_s(), time.perf_counter()

@@ -22,6 +22,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from helpers import build_tiny_tokenizer, tiny_lm  # noqa: E402
 
+# The commands the tests start in processes of their own run on torch's own thread count, as
+# the tests compare them with each other bit for bit: not on one chosen by the machine's load
+# at each start (runtime/threads.py).
+os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
 # The test models are tiny: a second thread costs more in synchronisation than it saves, and on
 # a busy machine it makes each forward many times slower (figures in docs/results/ppo.md,
 # "One torch thread for the test suite").

@@ -126,6 +126,27 @@ def test_stop_and_resume_equals_uninterrupted_run(
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_resume_takes_the_thread_count_its_checkpoint_recorded(
+    tiny_model_dir, tiny_tokenizer, tmp_path, monkeypatch
+):
+    """A CPU sums by threads: the run resumed on a machine whose load led to another count
+    continues on the count that wrote the checkpoint, and ends as the uninterrupted run."""
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    straight = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "a")
+    straight.train()
+    first = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "b")
+    first.train(stop_after=3)
+    checkpoint = ckpt.latest_checkpoint(tmp_path / "b")
+    assert ckpt.read_json(checkpoint / ckpt.STATE_FILE)["threads"] == 1
+    torch.set_num_threads(2)
+    second = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path / "b")
+    second.train()
+    assert torch.get_num_threads() == 1
+    resumed = _weights(second)
+    for name, tensor in _weights(straight).items():
+        assert torch.equal(resumed[name], tensor), name
+
+
 def test_final_dir_and_checkpoint_files(tiny_model_dir, tiny_tokenizer, tmp_path):
     trainer = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=1, keep_last=2)
     trainer.train()

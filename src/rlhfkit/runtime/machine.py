@@ -9,8 +9,9 @@ speed-ups that belong to a kind of device, so that no algorithm's signature carr
 - the precision: bf16 autocast or none (weights, optimiser state and loss math stay fp32);
 - the attention kernel of every model the run touches (``prepare``), with the fused GELU and,
   where asked, padding-free passes (``packing.py``);
-- on a CPU, memory kept for the next step (``allocator.py``) and independent model work side
-  by side on half the cores each (``parallel.py``); on a GPU, neither. A bound on the memory
+- on a CPU, a thread for each core other processes leave free (``threads.py``), memory kept
+  for the next step (``allocator.py``) and independent model work side by side on half the
+  cores each (``parallel.py``); on a GPU, none of them. A bound on the memory
   held (``allocator.bound_held_memory``) must come before any model is loaded: it is the
   CLI's ``--bounded-memory``;
 - the processes of a data-parallel run (``distributed.py``): making the runtime joins the
@@ -44,6 +45,7 @@ from rlhfkit.runtime.activations import fuse_gelu
 from rlhfkit.runtime.allocator import retain_freed_memory
 from rlhfkit.runtime.packing import enable_packing
 from rlhfkit.runtime.sharding import is_sharded
+from rlhfkit.runtime.threads import choose_threads
 
 logger = logging.getLogger(__name__)
 
@@ -120,8 +122,10 @@ class Runtime:
         return cls(device=device, bf16=bf16, attention=None, side_by_side=False)
 
     def start(self) -> None:
-        """Process-wide settings, once: on a CPU, freed memory is kept for the next step (no
-        page faults on each step's activations)."""
+        """Process-wide settings, once: on a CPU, a thread for each core other processes
+        leave free (``threads.py``), and freed memory kept for the next step (no page faults
+        on each step's activations)."""
+        choose_threads(self.device)
         retain_freed_memory(self.device)
 
     def autocast(self) -> torch.autocast:

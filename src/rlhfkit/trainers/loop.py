@@ -111,6 +111,7 @@ from rlhfkit.runtime.sharding import (
     local_optimizer_state,
 )
 from rlhfkit.runtime.termination import sigterm_deferred
+from rlhfkit.runtime.threads import resume_threads
 from rlhfkit.tracking import Tracker, format_metrics
 from rlhfkit.trainers.optim import Learner, MinibatchLearner, accumulate, build_optimizer
 
@@ -899,6 +900,7 @@ class Trainer:
             "scheduler": schedules,
             "config": self.config.to_dict(),
             "launch": self._launch(),
+            "threads": torch.get_num_threads(),
             **self.extra_state(),
         }
 
@@ -991,6 +993,8 @@ class Trainer:
             message = "%s planned %d steps; continuing to this run's %d"
             logger.warning(message, path, saved["total_steps"], self.state.total_steps)
         self._check_launch(path, saved.get("launch", {"processes": 1, "fsdp": False}))
+        if self.runtime.device.type == "cpu":
+            resume_threads(saved.get("threads"), path)
         changes = self._config_changes(path, saved.get("config", {}), saved["step"])
         peaks = {name: learner.scheduler.base_lrs for name, learner in self.learners.items()}
         optimizer_file = path / self._optimizer_file()
