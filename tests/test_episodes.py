@@ -47,6 +47,7 @@ from rlhfkit.experience.rollout import (
 )
 from rlhfkit.experience.scorers import FunctionScorer, ScoreInput
 from rlhfkit.experience.tools import Tool, ToolCall, ToolCallError, parse_tool_calls, tools_prompt
+from rlhfkit.interact.env import TextEnv
 from rlhfkit.models.passes import ValueHeadLM
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.trainers.ppo_update import PolicyLossSettings, policy_loss
@@ -257,6 +258,37 @@ def test_a_two_turn_episode_in_one_sequence_with_each_position_masked(tokenizer)
     prompt = tokenizer.decode(out.query[0][out.query_mask[0] != 0])
     assert prompt.startswith("System: You can call tools") and prompt.endswith(
         "User: 3 x 4?\nAssistant:"
+    )
+
+
+def test_the_text_environment_in_chat_mode_plays_episodes(tokenizer):
+    """interact.env.TextEnv with observation="reply": the user's next message is the
+    environment's turn, the reward of each response is added to the episode's, and the
+    conversation ends when the user has nothing more to say."""
+    eos = tokenizer.eos_token_id
+
+    def user(conversation):
+        return "Say more." if len(conversation) < 3 else None
+
+    def chars(prompts, responses):
+        return [float(len(r.strip())) for r in responses]
+
+    def factory():
+        return TextEnv(["unused"], chars, tokenizer, user=user, observation="reply")
+
+    out, _ = play(tokenizer, [["Hi."], ["Hello there."]], factory, ["Greet me."])
+    first = tokenizer("Hi.")["input_ids"] + [eos]
+    reply = encode_turn([{"role": "user", "content": "Say more."}], tokenizer)
+    second = tokenizer("Hello there.")["input_ids"] + [eos]
+    row = first + reply + second
+    assert out.response[0, : len(row)].tolist() == row
+    assert out.env_mask[0, : len(row)].tolist() == [0] * len(first) + [1] * len(reply) + [0] * len(
+        second
+    )
+    assert out.stats["turns"].tolist() == [2] and out.stats["truncated"].tolist() == [0]
+    assert out.env_rewards.tolist() == [len("Hi.") + len("Hello there.")]
+    assert tokenizer.decode(out.query[0][out.query_mask[0] != 0]).endswith(
+        "User: Greet me.\nAssistant:"
     )
 
 
@@ -503,18 +535,22 @@ class Seeded(gymnasium.Env):
         return f"{number}", float(number % 2), len(action) % 3 == 0, False, {}
 
 
-def docs_environment() -> str:
-    """The environment module the tools guide shows, as its code block holds it."""
+def docs_environment(module: str) -> str:
+    """The environment module ``module`` the tools guide shows, as its code block holds it."""
     guide = (Path(__file__).resolve().parents[1] / "docs" / "tools.md").read_text()
-    block = guide.split("```python\n# mymodule.py\n", 1)[1]
+    block = guide.split(f"```python\n# {module}.py\n", 1)[1]
     return block.split("```", 1)[0]
 
 
-def test_the_guides_environment_trains_from_the_command_line(tiny_model_dir, tmp_path):
-    (tmp_path / "mymodule.py").write_text(docs_environment())
+@pytest.mark.parametrize("module, factory", [("mymodule", "Countdown"), ("chatenv", "make")])
+def test_the_guides_environments_train_from_the_command_line(
+    module, factory, tiny_model_dir, tmp_path
+):
+    code = docs_environment(module).replace("runs/sft/final", str(tiny_model_dir))
+    (tmp_path / f"{module}.py").write_text(code)
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "count"}] * 8)
     command = [
-        sys.executable, "-m", "rlhfkit.cli", "grpo", "--environment", "mymodule:Countdown",
+        sys.executable, "-m", "rlhfkit.cli", "grpo", "--environment", f"{module}:{factory}",
         "--train_data", str(tmp_path / "prompts.jsonl"), "--model", str(tiny_model_dir),
         "--output_dir", str(tmp_path / "run"), "--max_turns", "4", "--max_steps", "2",
         "--rollout_batch_size", "2", "--num_generations", "2", "--batch_size", "4",
@@ -524,7 +560,8 @@ def test_the_guides_environment_trains_from_the_command_line(tiny_model_dir, tmp
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    assert all("train/episode/turns" in row for row in logged if "train/score/mean" in row)
+    trained = [row for row in logged if "train/score/mean" in row]
+    assert trained and all(row["train/episode/turns"] >= 1 for row in trained)
     assert (tmp_path / "run" / "final" / "model.safetensors").is_file()
 
 

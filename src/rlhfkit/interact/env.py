@@ -13,6 +13,13 @@ the conversation the next response answers. Modes:
   (``None`` ends the conversation: ``terminated``). After ``max_turns`` responses the episode
   is cut (``truncated``). Each response earns its own reward, given the history before it.
 
+With ``observation="reply"`` the observations are what the other side says instead of the
+rendered conversation: ``reset`` gives the prompt (text, or chat messages) and ``step`` the
+user's next message. That is what an RL stage's episodes read (``experience/episodes.py``),
+so a ``TextEnv`` made by a function of no arguments trains as ``--environment
+module:function``: the policy's turns and the user's in one sequence, each response's reward
+summed into the episode's.
+
 Texts are tokenised as for training (``data.encode_demonstrations``: the chat template where
 the tokenizer has one, else "User: ...\\nAssistant:" and the response after a space, EOS
 appended): a prompt becomes the very query ids PPO samples from, and scorers see the same kind
@@ -146,6 +153,8 @@ class TextEnv(gymnasium.Env):
         system: a system message put first in every conversation (chat mode, or chat prompts).
         max_length: token budget of prompt + response (default: the tokenizer's limit).
         device: where the scorers' models are (the token batches are put there).
+        observation: "conversation" (the conversation as the model reads it) or "reply" (the
+            prompt, then each next user message: what an RL stage's episodes read).
     """
 
     metadata = {"render_modes": ["ansi"]}
@@ -163,11 +172,16 @@ class TextEnv(gymnasium.Env):
         max_length: int | None = None,
         device: torch.device | str = "cpu",
         render_mode: str | None = None,
+        observation: str = "conversation",
     ):
         if not prompts:
             raise ValueError("TextEnv: prompts is empty; give at least one prompt")
         if max_turns < 1:
             raise ValueError(f"TextEnv: max_turns={max_turns}, allowed: >= 1")
+        if observation not in ("conversation", "reply"):
+            raise ValueError(
+                f"TextEnv: observation={observation!r}, allowed: 'conversation', 'reply'"
+            )
         if render_mode not in (None, "ansi"):
             raise ValueError(f"TextEnv: render_mode={render_mode!r}, allowed: None, 'ansi'")
         self.prompts = list(prompts)
@@ -181,6 +195,7 @@ class TextEnv(gymnasium.Env):
         self.max_length = max_length or token_budget(tokenizer)
         self.device = device
         self.render_mode = render_mode
+        self.observation = observation
         self.observation_space = AnyText()
         self.action_space = AnyText()
         self._prompt: Prompt | None = None  # the conversation the next response answers
@@ -224,7 +239,8 @@ class TextEnv(gymnasium.Env):
         self._prompt, self._turn, self._done = self._start(prompt), 0, False
         self._text = self._observe(self._prompt)
         messages = [dict(m) for m in self._prompt] if self.chat else None
-        return self._text, {"prompt": self._prompt, "turn": 0, "messages": messages}
+        observed = self._prompt if self.observation == "reply" else self._text
+        return observed, {"prompt": self._prompt, "turn": 0, "messages": messages}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Score ``action`` as the answer to the current conversation; see the class doc."""
@@ -247,7 +263,10 @@ class TextEnv(gymnasium.Env):
         else:
             self._text = self._observe(self._prompt)
         info["messages"] = [dict(m) for m in self._prompt] if self.chat else None
-        return self._text, scores[self.reward.name], terminated, truncated, info
+        observed = self._text
+        if self.observation == "reply":
+            observed = "" if self._done else self._prompt[-1]["content"]
+        return observed, scores[self.reward.name], terminated, truncated, info
 
     def _advance(self, prompt: Prompt, action: str) -> tuple[bool, bool]:
         """Append the response (and the user's next message) -> (terminated, truncated)."""
