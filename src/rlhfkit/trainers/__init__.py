@@ -1,6 +1,7 @@
 """Trainers: the shared loop (`loop.Trainer`) and one trainer per stage built on it.
 
-- `loop`: accumulation, clipping, schedule, evaluation, checkpoints, exact resume, tracking.
+- `loop`: accumulation, clipping, schedule, evaluation, checkpoints, exact resume, tracking;
+  `state`: where a run is (`TrainerState`); `best_model`: `best/` and `final/` from it.
 - `checkpoint`: pickle-free checkpoint files (safetensors + JSON), RNG states, rotation.
 - `sft`: supervised fine-tuning (`SFTTrainer`, `run_sft`).
 - `reward`: reward model on pairs and K-way rankings (`RewardTrainer`, `run_reward`).
@@ -20,7 +21,7 @@ from typing import Any
 
 _EXPORTS = {
     "Trainer": "loop",
-    "TrainerState": "loop",
+    "TrainerState": "state",
     "SFTTrainer": "sft",
     "run_sft": "sft",
     "RewardTrainer": "reward",

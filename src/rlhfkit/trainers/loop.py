@@ -113,7 +113,9 @@ from rlhfkit.runtime.sharding import (
 from rlhfkit.runtime.termination import sigterm_deferred
 from rlhfkit.runtime.threads import resume_threads
 from rlhfkit.tracking import Tracker, format_metrics
+from rlhfkit.trainers.best_model import BestModel
 from rlhfkit.trainers.optim import Learner, MinibatchLearner, accumulate, build_optimizer
+from rlhfkit.trainers.state import TrainerState
 
 logger = logging.getLogger(__name__)
 
@@ -145,35 +147,6 @@ BEST_DIR = "best"  # the best evaluated model (`metric_for_best_model`)
 # What a person watches on an RL stage's progress bar (PPO, GRPO, RLOO): short name -> key.
 WATCH_RL = {"score": "train/score/mean", "kl": "train/kl/ref", "entropy": "train/policy/entropy"}
 Batch = dict[str, Any]
-
-
-@dataclasses.dataclass
-class TrainerState:
-    """Where a run is: everything besides weights, optimiser and RNG needed to resume it."""
-
-    step: int = 0
-    """Steps of the loop done (optimiser steps; PPO iterations)."""
-    epoch: int = 0
-    """Current epoch (0-based)."""
-    batch_index: int = 0
-    """Micro-batches of the current epoch already consumed by this process."""
-    total_steps: int = 0
-    """Steps the run will make."""
-    complete: bool = False
-    """True once the final model is written."""
-    eval_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-    """The most recent evaluation results."""
-    evaluated_at: int = -1
-    """The step of the most recent evaluation (a resumed run does not repeat it)."""
-    skipped_steps: int = 0
-    """Steps skipped for a loss or gradient that was not finite (`skip_nonfinite_steps`)."""
-    best_metric: float | None = None
-    """The best value of `metric_for_best_model` so far (None: no evaluation gave one)."""
-    best_step: int = -1
-    """The step whose model `best/` holds (-1: none)."""
-    config_changes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """Settings changed on a resume: the step they apply from and each field's old and new
-    value (`RESUMABLE_CHANGES`, or any with `resume_override`)."""
 
 
 @functools.lru_cache(maxsize=8)
@@ -322,6 +295,8 @@ class Trainer:
         self._prepared = False  # resume / clean-up happen on the first train() call only
         self._saved_at = -1  # the step of the latest checkpoint
         self.launcher = launcher_pid()  # torchrun's, whose death stops the run
+        self.best = BestModel(config, self.output_dir / BEST_DIR, self.accelerator,
+                              self.write_model_dir)  # fmt: skip
 
     # ----------------------------------------------------------------- the processes
     def distribute(
@@ -508,13 +483,13 @@ class Trainer:
             for old in [
                 *ckpt.checkpoint_dirs(self.output_dir),
                 self.output_dir / "final",
-                self.output_dir / BEST_DIR,
+                self.best.path,
             ]:
                 if old.exists():  # a fresh directory has nothing to warn about
                     logger.warning("resume=False: deleting %s", old)
                     shutil.rmtree(old, ignore_errors=True)
         self.accelerator.wait_for_everyone()
-        self._reconcile_best()
+        self.best.reconcile(self.state)
         if self.accelerator.is_main_process:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             ckpt.write_json(self.config.to_dict(), self.output_dir / CONFIG_FILE)
@@ -586,7 +561,7 @@ class Trainer:
                 self._log_train(sums, count)
                 sums, count = {}, 0
             if cfg.eval_every and self.state.step % cfg.eval_every == 0:
-                self._keep_if_best(self.run_evaluation())
+                self.best.keep_if_best(self.state, self.run_evaluation())
             if cfg.save_every and self.state.step % cfg.save_every == 0:
                 self.save_checkpoint()
         self._at_step_boundary(asked)
@@ -731,104 +706,21 @@ class Trainer:
     def _finish(self) -> None:
         """Final evaluation, last checkpoint, `final/` with the complete marker, curves."""
         if self.state.evaluated_at != self.state.step:
-            self._keep_if_best(self.run_evaluation())
+            self.best.keep_if_best(self.state, self.run_evaluation())
         if self._saved_at != self.state.step:
             self.save_checkpoint()
         self.on_train_end()
         self.state.complete = True
         best = self.state.best_step
         if self.config.load_best_model_at_end and best not in (-1, self.state.step):
-            self._final_from_best()
+            self.best.make_final(self.state)
         else:
-            self.write_model_dir(self.config.final_dir, **self._best_note())
+            self.write_model_dir(self.config.final_dir, **self.best.note(self.state))
         if self.accelerator.is_main_process:
             keys = [*self.plot_keys, *(f"eval/{k}" for k in self.state.eval_metrics)]
             self.tracker.plot(keys, self.output_dir / "curves.png")
         self.accelerator.wait_for_everyone()
         logger.info("finished: final model in %s", self.config.final_dir)
-
-    # ----------------------------------------------------------------- the best model
-    def _keep_if_best(self, metrics: dict[str, float]) -> None:
-        """Write `best/` if this evaluation's `metric_for_best_model` beats the best so far.
-        A metric the evaluation does not give is a `UsageError` naming those it gives."""
-        key = self.config.best_metric_key
-        if key is None:
-            return
-        if key not in metrics:
-            given = ", ".join(f"eval/{k}" for k in sorted(metrics)) or "none"
-            raise UsageError(
-                f"{type(self.config).__name__}.metric_for_best_model: "
-                f"{self.config.metric_for_best_model!r} is not a metric this run's evaluation "
-                f"gives (it gives: {given}). Set one of those and resume"
-            )
-        value = [metrics[key]]
-        if self.accelerator.num_processes > 1:  # one decision, the main process's
-            broadcast_object_list(value)
-        if not self.config.is_better(value[0], self.state.best_metric):
-            return
-        self.state.best_metric, self.state.best_step = value[0], self.state.step
-        self.write_model_dir(self.output_dir / BEST_DIR, **self._best_note())
-        logger.info(
-            "best so far: eval/%s %.4g at step %d (%s)",
-            key,
-            value[0],
-            self.state.step,
-            self.output_dir / BEST_DIR,
-        )
-
-    def _best_note(self) -> dict[str, Any]:
-        """What `final/` and `best/` say of the best model: its metric, value and step."""
-        if self.config.best_metric_key is None or self.state.best_step < 0:
-            return {}
-        best = {
-            "metric": f"eval/{self.config.best_metric_key}",
-            "value": self.state.best_metric,
-            "step": self.state.best_step,
-        }
-        return {"best": best}
-
-    def _final_from_best(self) -> None:
-        """`final/` as a copy of `best/` (checked against its manifest), marked complete and
-        naming the last step, whose model stays in the newest checkpoint."""
-        if self.accelerator.is_main_process:
-            best = self.output_dir / BEST_DIR
-            ckpt.verify(best)
-            saved = ckpt.read_json(best / ckpt.STATE_FILE)
-            with atomic_dir(self.config.final_dir) as tmp:
-                own = shutil.ignore_patterns(ckpt.MANIFEST_FILE, ckpt.STATE_FILE)
-                shutil.copytree(best, tmp, ignore=own, dirs_exist_ok=True)
-                state = {**saved, "complete": True, "last_step": self.state.step}
-                ckpt.write_json(state, tmp / ckpt.STATE_FILE)
-        self.accelerator.wait_for_everyone()
-        logger.info(
-            "final/: the best model, of step %d (the last, %d, is in %s)",
-            self.state.best_step,
-            self.state.step,
-            ckpt.latest_checkpoint(self.output_dir),
-        )
-
-    def _reconcile_best(self) -> None:
-        """Make `best/` hold the model of the state's `best_step`, or nothing: a `best/` of
-        another step (written after the checkpoint this run resumed from, or left by a run
-        without a checkpoint) is removed, and the best is chosen again from the evaluations
-        to come. One the state names but that is gone is said in a warning."""
-        best = self.output_dir / BEST_DIR
-        state_file = best / ckpt.STATE_FILE
-        held = ckpt.read_json(state_file).get("best_step", -1) if state_file.is_file() else -1
-        if held == self.state.best_step:
-            return
-        if self.state.best_step >= 0 and held == -1:
-            logger.warning(
-                "%s of step %d is gone: the best model is chosen again from the evaluations "
-                "to come",
-                best,
-                self.state.best_step,
-            )
-        self.state.best_metric, self.state.best_step = None, -1
-        self.accelerator.wait_for_everyone()  # every process read it before it goes
-        if self.accelerator.is_main_process and best.exists():
-            logger.info("removing %s: it is not the best model of this run's state", best)
-            shutil.rmtree(best)
 
     def write_model_dir(self, path: Path, **notes: Any) -> None:
         """Write `path` atomically as `final/` is written: the model as its passes computed
