@@ -305,12 +305,14 @@ def test_a_disabled_labeller_is_signed_out_and_their_open_task_goes_back(store):
     assert store.next_task("eve", 1).task.id == 1
     store.set_disabled("eve")
     assert store.labeller_of(secret) is None
-    with pytest.raises(LoginError, match="eve may no longer sign in"):
-        store.sign_in(name="eve")
+    for spelling in ("eve", "Eve", "EVE ", "ｅｖｅ"):  # one labeller, however spelt
+        with pytest.raises(LoginError, match="eve may no longer sign in"):
+            store.sign_in(name=spelling)
     assert store.next_task("ann", 1).task.id == 1  # eve's unanswered task is free again
     assert store.labellers()["eve"] is True and store.labellers()["ann"] is False
-    store.set_disabled("eve", False)
-    assert store.labeller_of(store.sign_in(name="eve")[0]) == "eve"
+    store.set_disabled("Eve", False)
+    assert store.labeller_of(store.sign_in(name="EVE")[0]) == "eve"
+    assert [name for name in store.labellers() if name.casefold() == "eve"] == ["eve"]
     with pytest.raises(LoginError, match="no labeller 'zed'"):
         store.set_disabled("zed")
 

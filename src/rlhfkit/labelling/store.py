@@ -27,6 +27,9 @@ With a quota (`serve --quota N`), a labeller is given no new task once they have
 
 A labeller the organiser disables (`set_disabled`) is signed out and cannot sign in again; the
 tasks they were shown and had not answered go back to the others at once. Their votes stay.
+A name is one labeller however it is spelt in case and Unicode form ("Eve", "EVE", "ｅｖｅ"
+are "eve" if "eve" came first: `_known_name`), so a disabled labeller cannot come back under
+another spelling, nor a labeller split their votes over two.
 
 Serving imports this module, so it imports nothing of rlhfkit's ML side (no torch): the
 serve process stays small and starts at once.
@@ -198,6 +201,20 @@ def _hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def _known_name(db: sqlite3.Connection, name: str) -> str:
+    """The name a labeller already has that ``name`` spells (the same after NFKC
+    normalisation and case folding), else ``name``."""
+    folded = _folded(name)
+    for row in db.execute("SELECT name FROM labellers ORDER BY created, name"):
+        if _folded(row["name"]) == folded:
+            return row["name"]
+    return name
+
+
+def _folded(name: str) -> str:
+    return unicodedata.normalize("NFKC", name).casefold()
+
+
 def check_name(name: str) -> str:
     """A labeller name, stripped: 1 to `MAX_NAME` characters, none of them invisible."""
     name = name.strip() if isinstance(name, str) else ""
@@ -338,9 +355,9 @@ class Store:
         """A new login token for `name` (the labeller is created if new). Returns None, and
         keeps the old token, if the labeller has one and `replace` is False. Only the token's
         hash is stored: it is shown this once."""
-        name = check_name(name)
         token = secrets.token_urlsafe(16)
         with self._transaction() as db:
+            name = _known_name(db, check_name(name))
             row = db.execute("SELECT token_hash FROM labellers WHERE name = ?", (name,)).fetchone()
             if row is not None and row["token_hash"] is not None and not replace:
                 return None
@@ -366,7 +383,7 @@ class Store:
                     raise LoginError("unknown token")
                 name = row["name"]
             else:
-                name = check_name(name or "")
+                name = _known_name(db, check_name(name or ""))
                 row = db.execute(
                     "SELECT token_hash, disabled FROM labellers WHERE name = ?", (name,)
                 ).fetchone()
@@ -409,6 +426,7 @@ class Store:
         """Disable `name` (signed out now, no sign-in later; the tasks they were shown and did
         not answer go back to the others), or enable them again. Their votes stay."""
         with self._transaction() as db:
+            name = _known_name(db, name)
             found = db.execute(
                 "UPDATE labellers SET disabled = ? WHERE name = ?", (int(disabled), name)
             ).rowcount
