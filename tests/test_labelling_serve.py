@@ -320,3 +320,28 @@ def test_8_clients_200_votes_each_through_two_kills(tmp_path):
         f"{sum(retried.values())} answers lost to a kill ({retried[200]} stored before it, "
         f"{retried[201]} after); {seconds:.1f} s in all"
     )
+
+
+def test_label_export_loads_no_ml_library_and_exports_a_thousand_votes_at_once(tmp_path):
+    """`rlhfkit label export` is a light command: a thousand votes out in well under the
+    seconds importing torch alone would take."""
+    db = make_db(tmp_path / "l.db", 500)
+    store = Store(db)
+    for name in ("ann", "bob"):
+        store.sign_in(name=name)
+        while (shown := store.next_task(name, 2, quota=500)) is not None:
+            store.record_vote(name, str(uuid.uuid4()), shown.task.id, "rank", [0, 1])
+    assert len(store.votes()) == 1000
+    store.close()
+    out = tmp_path / "prefs.jsonl"
+    script = (
+        "import sys, time; from rlhfkit.cli import main; started = time.perf_counter(); "
+        f"code = main(['label', 'export', '--db', {str(db)!r}, '--out', {str(out)!r}]); "
+        "print(code, 'torch' in sys.modules, time.perf_counter() - started)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    code, torch_loaded, seconds = done.stdout.split()[-3:]
+    assert (code, torch_loaded) == ("0", "False"), done.stderr[-2000:]
+    assert float(seconds) < 2.0
+    assert len(out.read_text().splitlines()) == 1000

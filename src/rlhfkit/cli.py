@@ -172,6 +172,7 @@ COMMANDS: dict[str, Command] = {
         "rlhfkit.labelling.export:ExportConfig",
         "rlhfkit.labelling.export:run_export",
         "the votes as comparisons and rankings for `rlhfkit rm` and `rlhfkit dpo`",
+        light=True,
     ),
 }
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
-from rlhfkit import trl_names
+from rlhfkit import errors, trl_names
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorer_loading import REWARD_FUNCTION_SPECS, build_scorer
 from rlhfkit.experience.scorers import Scorer
@@ -44,34 +43,12 @@ class ConfigError(ValueError):
 
 def require(cfg: object, field: str, ok: bool, allowed: str) -> None:
     """Raise `ConfigError` naming the class, field, value and what is allowed unless `ok`."""
-    if not ok:
-        value = getattr(cfg, field)
-        raise ConfigError(
-            f"{type(cfg).__name__}.{field} = {value!r} is not allowed: expected {allowed}"
-        )
+    errors.require(cfg, field, ok, allowed, ConfigError)
 
 
 def _check_literals(cfg: object) -> None:
-    """Check every `Literal[...]` field against its choices (jsonargparse does this on the
-    command line, but not when the dataclass is built in Python)."""
-    hints = typing.get_type_hints(type(cfg))
-    for f in dataclasses.fields(cfg):
-        choices = _literal_choices(hints[f.name])
-        if choices is not None:
-            ok = getattr(cfg, f.name) in choices
-            require(cfg, f.name, ok, "one of " + ", ".join(map(repr, choices)))
-
-
-def _literal_choices(hint: Any) -> tuple | None:
-    """The values a `Literal[...]` (or `Literal[...] | None`) hint allows; None otherwise."""
-    if typing.get_origin(hint) is Literal:
-        return typing.get_args(hint)
-    args = typing.get_args(hint)
-    if type(None) in args:
-        literals = [a for a in args if typing.get_origin(a) is Literal]
-        if len(literals) == 1:
-            return (*typing.get_args(literals[0]), None)
-    return None
+    """Check every `Literal[...]` field against its choices (`errors.check_literals`)."""
+    errors.check_literals(cfg, ConfigError)
 
 
 def checked_sampling(config: Any) -> SamplingConfig:

@@ -8,22 +8,65 @@ failure once the run is under way, such as a reward function that raises or retu
 score; exit code 1. Each message says what failed, where (file and line, field or option,
 sample), what is allowed and what to do, so that no traceback is needed to act on it.
 
+`require` and `check_literals` are the checks of a config's fields, with the message every
+config gives (class, field, value, what is allowed); `config.require` raises its
+`ConfigError` with them, the commands that load no ML library (`label serve`, `label export`)
+a `UsageError`.
+
 `disk_errors` turns a write's failure for a reason of the disk (told by errno) into a
 `DiskWriteError` naming the file, the bytes and the space left, for every writer.
 """
 
+import dataclasses
 import errno
 import math
 import os
 import re
 import shutil
+import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Literal
 
 
 class UsageError(ValueError):
     """Input that cannot work; the message names it, where it is and what is allowed."""
+
+
+def require(
+    config: object, field: str, ok: bool, allowed: str, error: type[Exception] = UsageError
+) -> None:
+    """Raise ``error`` naming the class, field, value and what is allowed unless ``ok``."""
+    if not ok:
+        value = getattr(config, field)
+        raise error(
+            f"{type(config).__name__}.{field} = {value!r} is not allowed: expected {allowed}"
+        )
+
+
+def check_literals(config: object, error: type[Exception] = UsageError) -> None:
+    """Check every `Literal[...]` field of the dataclass ``config`` against its choices
+    (jsonargparse does this on the command line, but not when the dataclass is built in
+    Python)."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        choices = _literal_choices(hints[f.name])
+        if choices is not None:
+            ok = getattr(config, f.name) in choices
+            require(config, f.name, ok, "one of " + ", ".join(map(repr, choices)), error)
+
+
+def _literal_choices(hint: Any) -> tuple | None:
+    """The values a `Literal[...]` (or `Literal[...] | None`) hint allows; None otherwise."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    args = typing.get_args(hint)
+    if type(None) in args:
+        literals = [a for a in args if typing.get_origin(a) is Literal]
+        if len(literals) == 1:
+            return (*typing.get_args(literals[0]), None)
+    return None
 
 
 class RunError(RuntimeError):

@@ -36,8 +36,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlhfkit.config import _check_literals, require
-from rlhfkit.errors import UsageError, disk_errors
+from rlhfkit.errors import UsageError, check_literals, disk_errors, require
 from rlhfkit.labelling.agreement import agreement
 from rlhfkit.labelling.store import CHOICES, Store, Task, Vote
 
@@ -77,7 +76,7 @@ class ExportConfig:
     form a cycle is left out and counted as `no_majority`."""
 
     def __post_init__(self) -> None:
-        _check_literals(self)
+        check_literals(self)
         require(self, "db", bool(self.db), "a database file")
         suffix = Path(self.out).suffix
         require(

@@ -28,7 +28,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.errors import UsageError
+from rlhfkit.errors import require
 from rlhfkit.labelling.guidelines import read_guidelines
 from rlhfkit.labelling.store import MAX_NAME, LoginError, Store, check_name
 
@@ -48,16 +48,6 @@ def is_loopback(host: str) -> bool:
     """Whether `host` is on this machine only (127.0.0.0/8, ::1)."""
     found = addresses(host)
     return bool(found) and all(address.is_loopback for address in found)
-
-
-def require(config: object, field: str, ok: bool, allowed: str) -> None:
-    """`UsageError` naming the class, field, value and what is allowed unless `ok` (the
-    message of `rlhfkit.config.require`, which imports torch)."""
-    if not ok:
-        value = getattr(config, field)
-        raise UsageError(
-            f"{type(config).__name__}.{field} = {value!r} is not allowed: expected {allowed}"
-        )
 
 
 @dataclass
