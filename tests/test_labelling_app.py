@@ -271,7 +271,7 @@ def test_a_labeller_sees_only_their_own_progress_and_the_admin_everyone(client, 
         task = c.get("/api/next").json()["task"]
         assert vote(c, task["id"], order=[0, 1]).status_code == 201
     page = sessions["ann"].get("/progress").text
-    assert "Your progress" in page and "<b>1</b> votes by you" in page
+    assert "Your progress" in page and "<b>1</b> vote by you" in page
     assert "bob" not in page and "agreement" not in page.lower()
     mine = sessions["bob"].get("/api/progress").json()
     assert mine["labeller"] == "bob" and mine["progress"]["votes"] == 1
