@@ -442,13 +442,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _launch(argv: list[str], flags: set[str]) -> int:
     """`rlhfkit launch`: a training stage under torchrun (`runtime/launch.py`)."""
-    from rlhfkit.runtime.launch import launch
+    from rlhfkit.runtime.launch import help_text, launch
 
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     stages = [n for n, c in COMMANDS.items() if c.distributed]
     stages += [alias for n in stages for alias in COMMANDS[n].aliases]
+    if {"-h", "--help"} & set(argv) and not set(stages) & set(argv):
+        print(help_text())
+        return 0
     try:
         return launch(argv, stages, sorted(flags))
     except UsageError as error:

@@ -19,7 +19,17 @@ from collections.abc import Collection, Sequence
 
 from rlhfkit.errors import UsageError
 
+logger = logging.getLogger(__name__)
+
 EXAMPLE = "rlhfkit launch --nproc_per_node 2 sft --config configs/sft.yaml"
+
+
+def help_text() -> str:
+    """What ``rlhfkit launch --help`` shows: the usage, then torchrun's options."""
+    from torch.distributed import run as torchrun
+
+    options = torchrun.get_args_parser().format_help()
+    return f"usage: {EXAMPLE}\n\ntorchrun's options, then a training stage:\n\n{options}"
 
 
 def launch(argv: Sequence[str], commands: Collection[str], flags: Sequence[str] = ()) -> int:
@@ -32,10 +42,6 @@ def launch(argv: Sequence[str], commands: Collection[str], flags: Sequence[str] 
 
     split = next((i for i, arg in enumerate(argv) if arg in commands), None)
     if split is None:
-        if {"-h", "--help"} & set(argv):
-            print(f"usage: {EXAMPLE}\n\ntorchrun's options, then a training stage:\n")
-            torchrun.get_args_parser().print_help()
-            return 0
         raise UsageError(
             f"name the stage to launch ({', '.join(sorted(commands))}) after torchrun's "
             f"options: `{EXAMPLE}`"
@@ -44,7 +50,7 @@ def launch(argv: Sequence[str], commands: Collection[str], flags: Sequence[str] 
     try:
         torchrun.run(torchrun.parse_args(options))
     except SignalException as stop:
-        logging.getLogger(__name__).warning("launch stopped by signal %d", stop.sigval)
+        logger.warning("launch stopped by signal %d", stop.sigval)
         return 128 + int(stop.sigval)
     except ChildFailedError as failed:
         _, failure = failed.get_first_failure()
