@@ -21,6 +21,7 @@ from helpers import (
     tiny_lm,
     write_jsonl,
 )
+from rlhfkit import checkpoint as ckpt
 from rlhfkit.config import ConfigError, load_config
 from rlhfkit.data import Comparison, PairCollator, PreferenceExample, Ranking, encode_comparisons
 from rlhfkit.models.loading import disable_dropout
@@ -284,7 +285,8 @@ def test_lora_reference_is_the_model_with_its_adapter_disabled(
         fresh = DPOTrainer(
             config, AutoModelForCausalLM.from_pretrained(tiny_model_dir), tiny_tokenizer, train
         )
-        fresh.load_model_weights(tmp_path / "dpo" / "checkpoint-10")
+        checkpoint = tmp_path / "dpo" / "checkpoint-10"
+        fresh.checkpoints.load_trained(checkpoint, ckpt.read_json(checkpoint / ckpt.STATE_FILE))
         torch.testing.assert_close(sequence_logps(fresh.model, batch), trained, atol=1e-5, rtol=0)
 
 

@@ -213,11 +213,11 @@ def test_a_disk_error_in_a_writer_of_another_library_names_its_file(
 ):
     trainer = _trainer(tiny_model_dir, tiny_tokenizer, tmp_path, save_every=1)
 
-    def full_after_a_little(path):  # as save_pretrained would fail: no file name in the error
+    def full_after_a_little(path, copies):  # as save_pretrained fails: no file name in it
         (path / "model.safetensors").write_bytes(b"x" * 1000)
         no_space()
 
-    trainer.save_checkpoint_model = full_after_a_little
+    trainer.checkpoints.write_models = full_after_a_little
     with pytest.raises(DiskWriteError, match="model.safetensors failed") as caught:
         trainer.train()
     assert "1,000 bytes of it" in str(caught.value) and "it is removed" in str(caught.value)

@@ -37,7 +37,7 @@ def tiny_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
+def arm_processes_on_one_thread(monkeypatch):
     """The arm processes compute as this one does (conftest: one intra-op thread)."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 

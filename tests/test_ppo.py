@@ -20,7 +20,7 @@ from rlhfkit.models.lora import add_lora, reference_mode
 from rlhfkit.models.passes import ValueHeadLM
 from rlhfkit.runtime.machine import Runtime
 from rlhfkit.tracking import read_jsonl
-from rlhfkit.trainers.loop import OPTIMIZER_FILE
+from rlhfkit.trainers.checkpoints import OPTIMIZER_FILE
 from rlhfkit.trainers.rl import RLTrainer
 from rlhfkit.trainers.rl_config import RLConfig
 

@@ -60,7 +60,7 @@ def run_checkpoint_export(config: CheckpointExportConfig) -> Path:
             "(an export never writes over a model)"
         )
     trainer = _trainer(source, saved["config"])
-    trainer.load_trained_state(source, saved)
+    trainer.checkpoints.load_trained(source, saved)
     trainer.state.complete = True
     trainer.write_model_dir(target, exported_from=str(source))
     logger.info("step %d of %s written to %s", trainer.state.step, source.parent, target)

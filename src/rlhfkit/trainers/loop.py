@@ -23,17 +23,17 @@ has already seen. Micro-batches flow across epoch boundaries; an optimiser step 
 `gradient_accumulation_steps` of them. On several processes, micro-batch `i` of the epoch's list
 goes to process `i % num_processes`.
 
-Checkpoints (`checkpoint-<step>/`, written to a temporary directory and renamed when complete):
-the model via `save_model` (`save_pretrained`, safetensors) with its tokenizer,
-`optimizer.safetensors` (each learner's AdamW state by name), `rng_state_<rank>.safetensors`
-(python, numpy, torch, CUDA generators and the trainer's own, `generators()`) and
-`trainer_state.json` (step, epoch, batch index, each learner's schedule, the config and the
-trainer's `extra_state()`). Nothing is pickled. Temporary directories a killed run left are
-removed when the next one starts; a run that stops on an error writes `failed.json` (its
-step and the error), which the next start removes. A finished run also
-writes `final/` (model + tokenizer + `trainer_state.json` with `"complete": true`); with
-`resume=True` a complete run is skipped. Evaluation runs with the random streams saved and
-restored around it, so `eval_every` never changes the training trajectory.
+Checkpoints (`checkpoint-<step>/`, written to a temporary directory and renamed when complete)
+are a part the loop holds, `checkpoints.Checkpoints`: the trained models in the layout the
+stage names (`checkpoint_layout`), each learner's AdamW state, every random stream (the
+trainer's own in `generators`), and `trainer_state.json` with the state of the trainer's own
+objects (`state_parts`); `trainers/checkpoints.py` says what each file holds. Nothing is
+pickled. Temporary directories a killed run left are removed when the next one starts; a run
+that stops on an error writes `failed.json` (its step and the error), which the next start
+removes. A finished run also writes `final/` (model + tokenizer + `trainer_state.json` with
+`"complete": true`); with `resume=True` a complete run is skipped. Evaluation runs with the
+random streams saved and restored around it, so `eval_every` never changes the training
+trajectory.
 
 The best model: with `metric_for_best_model`, each evaluation that beats the best so far
 writes `best/` as `final/` is written, its step and value in the trainer state (and so in every
@@ -75,7 +75,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 import logging
 import math
 import shutil
@@ -94,54 +93,29 @@ from accelerate.utils import (
     send_to_device,
     set_seed,
 )
-from safetensors import SafetensorError
 from torch import nn
 
 from rlhfkit import checkpoint as ckpt
 from rlhfkit.checkpoint import atomic_dir
 from rlhfkit.config import TrainConfig
 from rlhfkit.errors import NonFiniteError, RunError, Terminated, UsageError, require_finite
-from rlhfkit.models.loading import check_model_source, stored_dtype
+from rlhfkit.models.loading import stored_dtype
 from rlhfkit.runtime.distributed import sum_over_ranks
 from rlhfkit.runtime.machine import Runtime, parameters_cast
 from rlhfkit.runtime.output_lock import launch_lock, launcher_alive, launcher_pid
 from rlhfkit.runtime.sharding import (
     ShardedModel,
-    load_local_optimizer_state,
-    local_optimizer_state,
 )
 from rlhfkit.runtime.termination import sigterm_deferred
-from rlhfkit.runtime.threads import resume_threads
 from rlhfkit.tracking import Tracker, format_metrics
 from rlhfkit.trainers.best_model import BestModel
+from rlhfkit.trainers.checkpoints import MODEL_DIRECTORY, Checkpoints
 from rlhfkit.trainers.optim import Learner, MinibatchLearner, accumulate, build_optimizer
 from rlhfkit.trainers.state import TrainerState
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZER_FILE = "optimizer.safetensors"
 CONFIG_FILE = "train_config.json"
-# The settings a resumed run may change: they apply from the resumed step on (the learning
-# rate and its schedule, how long the run goes, the cadence of logs, evaluations and
-# checkpoints, the KL's weight). Any other (the model, the data, batch shapes, the seed)
-# changes what the checkpoint's steps mean, and a resume refuses it unless `resume_override`.
-RESUMABLE_CHANGES = frozenset(
-    {
-        "learning_rate", "critic_learning_rate", "lr_scheduler", "warmup_steps",
-        "warmup_ratio", "max_steps", "num_epochs", "max_grad_norm", "weight_decay",
-        "log_every", "eval_every", "save_every", "keep_last", "sample_every", "num_samples",
-        "eval_batch_size", "max_eval_samples", "gold_functions", "metric_for_best_model",
-        "greater_is_better", "load_best_model_at_end", "skip_nonfinite_steps", "kl_coef",
-        "kl_target", "report_to", "project", "eval_data",
-        "forward_batch_size", "parallel_critic", "gradient_checkpointing",
-    }
-)  # fmt: skip
-_HOW_TO_RESUME = ("resume", "resume_override")  # how a run starts, not a setting of it
-# The settings of the learning-rate schedule: a change of one rebuilds it at the resumed step.
-_SCHEDULE_FIELDS = frozenset(
-    {"learning_rate", "critic_learning_rate", "lr_scheduler", "warmup_steps", "warmup_ratio",
-     "max_steps", "num_epochs"}
-)  # fmt: skip
 FAILED_FILE = "failed.json"  # written by a run that stopped on an error
 BEST_DIR = "best"  # the best evaluated model (`metric_for_best_model`)
 # What a person watches on an RL stage's progress bar (PPO, GRPO, RLOO): short name -> key.
@@ -207,6 +181,26 @@ class Stream:
         return index * self.world + self.rank
 
 
+@dataclasses.dataclass
+class Position:
+    """Where a stage's own `Stream` is (its pass and batch within it), kept by checkpoints
+    as one of ``Trainer.state_parts``."""
+
+    epoch: int = 0
+    index: int = 0
+
+    def advance(self, stream: Stream) -> np.ndarray:
+        """The indices of ``stream``'s next batch; the position moves past it."""
+        self.epoch, self.index, indices = stream.next(self.epoch, self.index)
+        return indices
+
+    def state_dict(self) -> list[int]:
+        return [self.epoch, self.index]
+
+    def load_state_dict(self, saved: list[int]) -> None:
+        self.epoch, self.index = saved
+
+
 def _attribute(owner: Any, path: str) -> Any:
     """``owner.a.b`` for the path "a.b"."""
     return functools.reduce(getattr, path.split("."), owner)
@@ -216,13 +210,6 @@ def _set_attribute(owner: Any, path: str, value: Any) -> None:
     """Set ``owner.a.b = value`` for the path "a.b"."""
     parent, _, name = path.rpartition(".")
     setattr(_attribute(owner, parent) if parent else owner, name, value)
-
-
-def _launch_text(launch: dict[str, Any]) -> str:
-    """ "2 processes with fsdp", "1 process without fsdp"."""
-    processes = launch["processes"]
-    fsdp = "with fsdp" if launch["fsdp"] else "without fsdp"
-    return f"{processes} process{'es' if processes > 1 else ''} {fsdp}"
 
 
 class Trainer:
@@ -241,6 +228,7 @@ class Trainer:
     # The few metrics a person watches on the progress bar: short name -> logged key.
     watch: dict[str, str] = {"loss": "train/loss", "lr": "train/lr"}
     learner_name = "model"  # the name of `model`'s learner (its optimiser state in checkpoints)
+    checkpoint_layout = MODEL_DIRECTORY  # how checkpoints hold the trained models
     drop_last = False  # see `Stream.drop_last`
 
     def __init__(
@@ -293,7 +281,11 @@ class Trainer:
         self.learners = {learner.name: learner}
         self.tracker: Tracker | None = None
         self._prepared = False  # resume / clean-up happen on the first train() call only
-        self._saved_at = -1  # the step of the latest checkpoint
+        self.checkpoints = Checkpoints(self)
+        # The trainer's own random generators and stateful objects (each with `state_dict()`
+        # and `load_state_dict()`), by name: a stage adds its own; checkpoints keep them.
+        self.generators: dict[str, torch.Generator] = {}
+        self.state_parts: dict[str, Any] = {}
         self.launcher = launcher_pid()  # torchrun's, whose death stops the run
         self.best = BestModel(config, self.output_dir / BEST_DIR, self.accelerator,
                               self.write_model_dir)  # fmt: skip
@@ -361,17 +353,6 @@ class Trainer:
         """Held-out metrics; the loop calls this in eval mode under `torch.no_grad()`."""
         return {}
 
-    def extra_state(self) -> dict[str, Any]:
-        """JSON-able state of the trainer's own, saved in `trainer_state.json`."""
-        return {}
-
-    def load_extra_state(self, saved: dict[str, Any]) -> None:
-        """Restore what `extra_state` saved (`saved` is the whole `trainer_state.json`)."""
-
-    def generators(self) -> dict[str, torch.Generator]:
-        """The trainer's own random generators, saved with the global random streams."""
-        return {}
-
     # ----------------------------------------------------------------- data position
     @property
     def batches_per_epoch(self) -> int:
@@ -436,8 +417,8 @@ class Trainer:
             with sigterm_deferred() as asked:
                 self._run_steps(target, asked)
             if self.state.step < self.state.total_steps:  # stopped early: resumable from here
-                if self._saved_at != self.state.step:
-                    self.save_checkpoint()
+                if self.checkpoints.saved_at != self.state.step:
+                    self.checkpoints.save()
             else:
                 self._finish()
         except BaseException:
@@ -473,11 +454,12 @@ class Trainer:
         if self.config.resume:
             if ckpt.is_complete(self.output_dir):
                 logger.info("%s holds a finished run; skipping", self.output_dir)
-                self._restore_state(ckpt.read_json(self.config.final_dir / ckpt.STATE_FILE))
+                saved = ckpt.read_json(self.config.final_dir / ckpt.STATE_FILE)
+                self.checkpoints.restore_state(saved)
                 return True
-            latest = self._resume_point()
+            latest = self.checkpoints.resume_point()
             if latest is not None:
-                self.load_checkpoint(latest)  # restores the random streams too
+                self.checkpoints.load(latest)  # restores the random streams too
                 return False
         elif self.accelerator.is_main_process:
             for old in [
@@ -532,8 +514,8 @@ class Trainer:
     def _stopped_here(self) -> str:
         """Write a checkpoint of this step unless there is one; the message of the stop."""
         step, total = self.state.step, self.state.total_steps
-        if self._saved_at != step and step > 0:
-            self.save_checkpoint()
+        if self.checkpoints.saved_at != step and step > 0:
+            self.checkpoints.save()
         latest = ckpt.latest_checkpoint(self.output_dir)
         if latest is None:
             return f"stopped by SIGTERM at step {step} of {total}, before any checkpoint"
@@ -563,7 +545,7 @@ class Trainer:
             if cfg.eval_every and self.state.step % cfg.eval_every == 0:
                 self.best.keep_if_best(self.state, self.run_evaluation())
             if cfg.save_every and self.state.step % cfg.save_every == 0:
-                self.save_checkpoint()
+                self.checkpoints.save()
         self._at_step_boundary(asked)
 
     def _guarded_step(self) -> dict[str, float] | None:
@@ -608,7 +590,7 @@ class Trainer:
             }
             for name, learner in self.learners.items()
         }
-        return {"learners": learners, "extra": copy.deepcopy(self.extra_state())}
+        return {"learners": learners, "own": copy.deepcopy(self.checkpoints.own_state())}
 
     def _restore_state_before_step(self, before: dict[str, Any]) -> None:
         """Undo a step from ``_state_before_step``'s copy."""
@@ -619,7 +601,7 @@ class Trainer:
                     param.copy_(value)
                 learner.optimizer.load_state_dict(saved["optimizer"])
                 learner.scheduler.load_state_dict(saved["scheduler"])
-        self.load_extra_state(before["extra"])
+        self.checkpoints.load_own_state(before["own"])
 
     def _steps_taken(self) -> int:
         """Optimiser steps taken by every learner so far (their schedules count them)."""
@@ -707,8 +689,8 @@ class Trainer:
         """Final evaluation, last checkpoint, `final/` with the complete marker, curves."""
         if self.state.evaluated_at != self.state.step:
             self.best.keep_if_best(self.state, self.run_evaluation())
-        if self._saved_at != self.state.step:
-            self.save_checkpoint()
+        if self.checkpoints.saved_at != self.state.step:
+            self.checkpoints.save()
         self.on_train_end()
         self.state.complete = True
         best = self.state.best_step
@@ -729,7 +711,8 @@ class Trainer:
             if self.accelerator.is_main_process:
                 with atomic_dir(path) as tmp, self.stored_as_trained(path.name):
                     self.save_model(tmp)
-                    ckpt.write_json({**self._state_json(), **notes}, tmp / ckpt.STATE_FILE)
+                    state = {**self.checkpoints.state_json(), **notes}
+                    ckpt.write_json(state, tmp / ckpt.STATE_FILE)
 
     def model_sources(self) -> dict[str, str]:
         """Where each trained model started, by its name (``distribute``)."""
@@ -770,249 +753,6 @@ class Trainer:
         self.unwrapped_model.save_pretrained(path)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(path)
-
-    def save_checkpoint_model(self, path: Path) -> None:
-        """The model's part of a checkpoint (`load_model_weights` reads it back): by default
-        what `save_model` writes, so that a checkpoint loads like a final model."""
-        self.save_model(path)
-
-    def load_model_weights(self, path: Path) -> None:
-        """Load the weights a checkpoint holds into the model being trained (for resume)."""
-        model = self.unwrapped_model
-        check_model_source(path, "checkpoint")  # safetensors only: nothing is unpickled
-        saved = type(model).from_pretrained(path)
-        model.load_state_dict(saved.state_dict())
-
-    def _state_json(self) -> dict[str, Any]:
-        schedules = {
-            name: learner.scheduler.state_dict() for name, learner in self.learners.items()
-        }
-        return {
-            **dataclasses.asdict(self.state),
-            "scheduler": schedules,
-            "config": self.config.to_dict(),
-            "launch": self._launch(),
-            "threads": torch.get_num_threads(),
-            **self.extra_state(),
-        }
-
-    def _launch(self) -> dict[str, Any]:
-        """What a checkpoint's layout depends on: the number of processes (each one's data
-        position and random streams) and whether the optimiser state is sharded."""
-        return {"processes": self.accelerator.num_processes, "fsdp": bool(self.sharded)}
-
-    def _rng_state(self) -> dict[str, torch.Tensor]:
-        generators = {f"generator/{k}": g.get_state() for k, g in self.generators().items()}
-        return {**ckpt.rng_state(), **generators}
-
-    def save_checkpoint(self) -> Path:
-        """Write `checkpoint-<step>` atomically, then delete all but the newest `keep_last`."""
-        path = self.output_dir / f"{ckpt.CHECKPOINT_PREFIX}{self.state.step}"
-        acc = self.accelerator
-        # Each process writes its own RNG state into one shared temporary directory; the main
-        # process renames it into place once everyone is done.
-        # A failed write removes the temporary at once (the main process, which made it).
-        tmp = self.output_dir / f"{ckpt.TEMPORARY_PREFIX}{path.name}"
-        with self.whole_models():
-            if acc.is_main_process:
-                shutil.rmtree(tmp, ignore_errors=True)
-                tmp.mkdir(parents=True)
-                with ckpt.removed_on_error(tmp):
-                    self.save_checkpoint_model(tmp)
-        acc.wait_for_everyone()
-        with ckpt.removed_on_error(tmp, remove=acc.is_main_process):
-            if acc.is_main_process or self.sharded:
-                ckpt.save_state(self._optimizer_state(), tmp / self._optimizer_file())
-            ckpt.save_state(self._rng_state(), tmp / f"rng_state_{acc.process_index}.safetensors")
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            with ckpt.removed_on_error(tmp):
-                ckpt.write_json(self._state_json(), tmp / ckpt.STATE_FILE)
-                ckpt.replace_dir(tmp, path)  # the manifest last, then the rename
-            for old in ckpt.rotate_checkpoints(self.output_dir, self.config.keep_last):
-                logger.info("deleted old checkpoint %s", old)
-        acc.wait_for_everyone()
-        self._saved_at = self.state.step
-        logger.info("saved checkpoint %s", path)
-        return path
-
-    def _optimizer_file(self) -> str:
-        """Each learner's AdamW state: one file, or with FSDP one per process (its shards)."""
-        if self.sharded:
-            return OPTIMIZER_FILE.replace(".", f"_{self.accelerator.process_index}.", 1)
-        return OPTIMIZER_FILE
-
-    def _optimizer_state(self) -> dict[str, Any]:
-        if self.sharded:
-            return {name: local_optimizer_state(ln.optimizer) for name, ln in self.learners.items()}
-        return {name: ln.optimizer.state_dict() for name, ln in self.learners.items()}
-
-    def _load_weights(self, path: Path) -> None:
-        """`load_model_weights`, on whole copies put back into the shards with FSDP."""
-        with self.whole_models(everywhere=True) as copies:
-            self.load_model_weights(path)
-        for name, plain in copies.items():
-            self.sharded[name].load_whole(plain)
-
-    def _restore_state(self, saved: dict[str, Any]) -> None:
-        """Take step, data position and last evaluation from a saved trainer state."""
-        fields = {f.name for f in dataclasses.fields(TrainerState)} - {"total_steps"}
-        self.state = dataclasses.replace(self.state, **{k: saved[k] for k in fields & set(saved)})
-
-    def load_checkpoint(self, path: Path) -> None:
-        """Restore model, optimisers, schedules, RNG streams and data position from `path`. A
-        file that does not read (in a checkpoint without a manifest to catch it before) is a
-        `RunError` naming the checkpoint."""
-        try:
-            self._load_checkpoint(path)
-        except (UsageError, RunError):
-            raise
-        except (SafetensorError, json.JSONDecodeError, OSError, EOFError) as error:
-            why = (
-                "Its files match its manifest, so it was written so"
-                if (path / ckpt.MANIFEST_FILE).is_file()
-                else f"It has no {ckpt.MANIFEST_FILE} to check its files against (an older "
-                "rlhfkit wrote it, or the manifest was removed)"
-            )
-            raise RunError(
-                f"checkpoint {path} does not load: {type(error).__name__}: {error}. {why}; "
-                "delete it to resume from the one before, or start again with resume: false"
-            ) from error
-
-    def _load_checkpoint(self, path: Path) -> None:
-        saved = ckpt.read_json(path / ckpt.STATE_FILE)
-        if saved["total_steps"] != self.state.total_steps:
-            message = "%s planned %d steps; continuing to this run's %d"
-            logger.warning(message, path, saved["total_steps"], self.state.total_steps)
-        self._check_launch(path, saved.get("launch", {"processes": 1, "fsdp": False}))
-        if self.runtime.device.type == "cpu":
-            resume_threads(saved.get("threads"), path)
-        changes = self._config_changes(path, saved.get("config", {}), saved["step"])
-        peaks = {name: learner.scheduler.base_lrs for name, learner in self.learners.items()}
-        optimizer_file = path / self._optimizer_file()
-        optimizers = ckpt.load_state(optimizer_file)
-        missing = [name for name in self.learners if name not in optimizers]
-        if missing:
-            raise ValueError(
-                f"{optimizer_file} holds no optimiser state for {', '.join(missing)}: it "
-                "was written by another version of rlhfkit. Resume from a checkpoint of this "
-                "version, or start again with resume: false"
-            )
-        self.load_trained_state(path, saved)
-        if not ckpt.verify(path):
-            self._hold_unverified_checkpoint(path, optimizers)
-        for name, learner in self.learners.items():
-            if self.sharded:
-                load_local_optimizer_state(learner.optimizer, optimizers[name])
-            else:
-                learner.optimizer.load_state_dict(optimizers[name])
-        self._load_rng(path / f"rng_state_{self.accelerator.process_index}.safetensors")
-        self._saved_at = self.state.step
-        if changes:
-            if _SCHEDULE_FIELDS & set(changes):
-                self._reschedule(peaks)
-            self.state.config_changes.append({"step": self.state.step, "changes": changes})
-        logger.info("resumed from %s at step %d", path, self.state.step)
-
-    def _config_changes(self, path: Path, saved: dict[str, Any], step: int) -> dict[str, list[Any]]:
-        """Each field whose value differs from the run that wrote checkpoint ``path`` (its
-        ``saved`` config): [old, new], logged as applying from ``step`` on. A field outside
-        `RESUMABLE_CHANGES` is a `UsageError` naming it, unless `resume_override`."""
-        now = json.loads(json.dumps(self.config.to_dict()))  # as it was saved: lists, floats
-        changes = {
-            k: [saved[k], v]
-            for k, v in now.items()
-            if k in saved and saved[k] != v and k not in _HOW_TO_RESUME
-        }
-        fixed = sorted(k for k in changes if k not in RESUMABLE_CHANGES)
-        if fixed and not self.config.resume_override:
-            listed = "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in fixed)
-            raise UsageError(
-                f"resume from {path}: the run that wrote it had other settings that shape its "
-                f"steps ({listed}), so it would not continue the same run. Give them as they "
-                "were, start afresh (resume: false, or another output_dir), or set "
-                "resume_override: true to go on with the new ones"
-            )
-        for field, (old, new) in changes.items():
-            logger.warning("%s %r -> %r from step %d (resumed run)", field, old, new, step)
-        return changes
-
-    def _reschedule(self, peaks: dict[str, list[float]]) -> None:
-        """Each learner's schedule from the changed config on: its peak learning rates
-        (``peaks``, those this config built) and shape, at the step resumed."""
-        for name, learner in self.learners.items():
-            scheduler = learner.scheduler
-            scheduler.base_lrs = list(peaks[name])
-            for group, peak in zip(learner.optimizer.param_groups, peaks[name], strict=True):
-                group["initial_lr"] = peak
-            step = scheduler.last_epoch  # LambdaLR: transformers' schedules
-            lrs = [
-                peak * f(step) for peak, f in zip(peaks[name], scheduler.lr_lambdas, strict=True)
-            ]
-            for group, lr in zip(learner.optimizer.param_groups, lrs, strict=True):
-                group["lr"] = lr
-            scheduler._last_lr = list(lrs)
-
-    def _hold_unverified_checkpoint(self, path: Path, optimizers: dict[str, Any]) -> None:
-        """A checkpoint without its manifest (an older rlhfkit wrote it, or the manifest was
-        removed): said so, and its trained weights and optimiser moments held finite, which is
-        all that can be checked of it (a `RunError` naming the tensor)."""
-        logger.warning(
-            "%s has no %s: its files are not checked against one; its weights and optimiser "
-            "state are checked finite",
-            path,
-            ckpt.MANIFEST_FILE,
-        )
-        tensors = {f"weights {k}": v for k, v in self.trainable_state().items()}
-        for name, state in optimizers.items():
-            ckpt.flatten_state(state, tensors, prefix=f"{name}'s optimiser")
-        for what, tensor in tensors.items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                raise RunError(
-                    f"checkpoint {path}: its {what} hold NaN or inf values, and it has no "
-                    f"{ckpt.MANIFEST_FILE} to tell a damaged file; delete it to resume from "
-                    "the one before, or start again with resume: false"
-                )
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        """The trained parameters of every learner, by learner and name."""
-        return {
-            f"{name}.{key}": param.detach()
-            for name, learner in self.learners.items()
-            for key, param in learner.module.named_parameters()
-            if param.requires_grad
-        }
-
-    def load_trained_state(self, path: Path, saved: dict[str, Any]) -> None:
-        """The weights, schedules, step and the trainer's own state of checkpoint `path`
-        (`saved`: its `trainer_state.json`), without its optimiser state and random streams:
-        all that the model at that step needs (`rlhfkit export`), on any launch."""
-        self._load_weights(path)
-        for name, learner in self.learners.items():
-            learner.scheduler.load_state_dict(saved["scheduler"][name])
-        self._restore_state(saved)
-        self.load_extra_state(saved)
-
-    def _check_launch(self, path: Path, saved: dict[str, Any]) -> None:
-        """A checkpoint resumes only on the launch that wrote it: with other processes the
-        data positions and random streams would not continue, a sharded optimiser state
-        would not fit."""
-        now = self._launch()
-        if saved != now:
-            raise UsageError(
-                f"{path} was written by a run on {_launch_text(saved)}, and this one runs on "
-                f"{_launch_text(now)}. Resume with the same launch, or start again with "
-                "resume: false"
-            )
-
-    def _load_rng(self, rng_file: Path) -> None:
-        if not rng_file.is_file():
-            logger.warning("%s missing: random streams are not restored exactly", rng_file)
-            return
-        rng = ckpt.load_state(rng_file)
-        for name, generator in self.generators().items():
-            generator.set_state(rng.pop(f"generator/{name}"))
-        ckpt.set_rng_state(rng)
 
 
 @contextmanager

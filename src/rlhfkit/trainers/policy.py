@@ -1,11 +1,11 @@
-"""The base of the trainers of a causal-LM policy (SFT, DPO, GRPO, RLOO): dropout off where the
-config asks, optional LoRA, the frozen reference where the stage has one, and checkpoints of
-LoRA runs (adapters in checkpoints, the merged model in ``final/``).
+"""The base of the trainers of a causal-LM policy (SFT, DPO): dropout off where the
+config asks, optional LoRA, the frozen reference where the stage has one, and the final model
+of LoRA runs merged (checkpoints hold the adapter, ``checkpoints.MODEL_DIRECTORY``).
 
 The reference is, in order of preference: the model given; with LoRA, the policy itself with
 its adapter disabled (``lora.reference_mode``: never a second copy in memory); otherwise a
 copy of the starting policy, made before the first step. A stage that needs no reference model
-(DPO with precomputed log-probs, GRPO with ``beta = 0``) gets none.
+(DPO with precomputed log-probs) gets none.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from peft import set_peft_model_state_dict
-from safetensors.torch import load_file
 from torch import nn
 
 from rlhfkit.config import TrainConfig
@@ -75,7 +73,7 @@ class PolicyTrainer(Trainer):
         else:
             yield None
 
-    # ----------------------------------------------------------------- LoRA checkpoints
+    # ----------------------------------------------------------------- the final model
     def save_model(self, path: Path) -> None:
         """With LoRA, ``final/`` holds the merged model, so anything that loads a causal LM
         can open it."""
@@ -85,21 +83,3 @@ class PolicyTrainer(Trainer):
         merged_copy(self.unwrapped_model).save_pretrained(path)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(path)
-
-    def save_checkpoint_model(self, path: Path) -> None:
-        """With LoRA, checkpoints hold only the adapter (what peft's ``save_pretrained``
-        writes)."""
-        if not self.config.lora:
-            super().save_checkpoint_model(path)
-            return
-        self.unwrapped_model.save_pretrained(path)
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(path)
-
-    def load_model_weights(self, path: Path) -> None:
-        """Resume: with LoRA, load the adapter back into the wrapped model."""
-        if not self.config.lora:
-            super().load_model_weights(path)
-            return
-        state = load_file(str(path / "adapter_model.safetensors"))
-        set_peft_model_state_dict(self.unwrapped_model, state)

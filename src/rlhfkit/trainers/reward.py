@@ -228,10 +228,6 @@ class RewardTrainer(Trainer):
         merged_copy(self.unwrapped_model).save_pretrained(path)
         self.tokenizer.save_pretrained(path)
 
-    def save_checkpoint_model(self, path: Path) -> None:
-        """Checkpoints hold the model as it trains (with LoRA: the adapter and the head)."""
-        super().save_model(path)
-
     def on_train_end(self) -> None:
         """InstructGPT normalisation: shift the head's bias so the demonstrations score 0."""
         if not self.normalize_examples:

@@ -89,15 +89,14 @@ from rlhfkit.ops.losses import ppo_value_loss
 from rlhfkit.ops.masks import masked_mean
 from rlhfkit.runtime.distributed import mean_over_ranks, rank_seed, stream_seed
 from rlhfkit.runtime.sharding import shard
-from rlhfkit.trainers.loop import WATCH_RL, Batch, Stream, Trainer
+from rlhfkit.trainers.checkpoints import TRAINED_WEIGHTS
+from rlhfkit.trainers.loop import WATCH_RL, Batch, Position, Stream, Trainer
 from rlhfkit.trainers.optim import Learner, MinibatchLearner, accumulate
 from rlhfkit.trainers.ppo_update import policy_loss, shuffled_minibatches, update_learners
 from rlhfkit.trainers.rl_config import RLConfig
 from rlhfkit.trainers.rl_inputs import load_rl_prompts
 
 logger = logging.getLogger(__name__)
-
-WEIGHTS_FILE = "trainable.safetensors"  # a checkpoint's trained weights (policy and critic)
 
 
 class RLTrainer(Trainer):
@@ -114,6 +113,7 @@ class RLTrainer(Trainer):
     """
 
     learner_name = "policy"
+    checkpoint_layout = TRAINED_WEIGHTS  # a resume needs the trained weights only
     drop_last = True  # every iteration samples rollout_batch_size prompts
     watch = WATCH_RL
 
@@ -172,7 +172,15 @@ class RLTrainer(Trainer):
         )
         if self.ptx_examples:
             self.ptx_stream.check_split("ptx_data")
-        self.ptx_position = (0, 0)  # (pass, batch) of the ptx stream
+        self.ptx_position = Position()
+        self.generators = {"sample": self.sample_generator, "shuffle": self.shuffle_generator}
+        if self.maker.environment is not None:
+            self.generators["environment"] = self.env_generator
+        self.state_parts = {
+            "kl_controller": self.kl_controller,
+            "score_moments": self.moments,
+            "ptx_position": self.ptx_position,
+        }
 
     def _build_learners(self, critic: nn.Module | None) -> None:
         """The policy's learning-rate schedule over the steps it takes (after the critic's
@@ -374,8 +382,7 @@ class RLTrainer(Trainer):
         """InstructGPT's PPO-ptx term: the LM loss (response tokens) on one demonstration batch,
         the next of the ptx stream (a pass is a permutation of (seed, pass); an incomplete last
         batch is skipped)."""
-        epoch, index, indices = self.ptx_stream.next(*self.ptx_position)
-        self.ptx_position = (epoch, index)
+        indices = self.ptx_position.advance(self.ptx_stream)
         collate = SFTCollator(self.tokenizer.pad_token_id)
         batch = collate([self.ptx_examples[int(i)] for i in indices])
         batch = {k: v.to(self.runtime.device) for k, v in batch.items()}
@@ -441,25 +448,7 @@ class RLTrainer(Trainer):
             rollout.env_mask, rollout.episode_stats or None,
         )  # fmt: skip
 
-    # ----------------------------------------------------------------- what a checkpoint holds
-    def extra_state(self) -> dict[str, Any]:
-        return {
-            "kl_controller": self.kl_controller.state_dict(),
-            "score_moments": self.moments.state_dict(),
-            "ptx_position": list(self.ptx_position),
-        }
-
-    def load_extra_state(self, saved: dict[str, Any]) -> None:
-        self.kl_controller.load_state_dict(saved["kl_controller"])
-        self.moments.load_state_dict(saved["score_moments"])
-        self.ptx_position = tuple(saved["ptx_position"])
-
-    def generators(self) -> dict[str, torch.Generator]:
-        generators = {"sample": self.sample_generator, "shuffle": self.shuffle_generator}
-        if self.maker.environment is not None:
-            generators["environment"] = self.env_generator
-        return generators
-
+    # ----------------------------------------------------------------- the trained models
     def model_attributes(self) -> dict[str, str]:
         attributes = {"model": "policy", "models.policy": "policy"}
         if self.models.critic is not None:
@@ -477,24 +466,6 @@ class RLTrainer(Trainer):
         return nn.ModuleDict(
             {"policy": self.models.policy, **({"critic": critic} if critic else {})}
         )
-
-    def save_checkpoint_model(self, path: Path) -> None:
-        """The trained weights of policy and critic, for an exact resume."""
-        weights = {
-            f"{name}.{key}": param
-            for name, model in self.trainable.items()
-            for key, param in model.named_parameters()
-            if param.requires_grad
-        }
-        ckpt.save_state(weights, path / WEIGHTS_FILE)
-
-    def load_model_weights(self, path: Path) -> None:
-        weights = ckpt.load_state(path / WEIGHTS_FILE)
-        with torch.no_grad():
-            for name, model in self.trainable.items():
-                for key, param in model.named_parameters():
-                    if param.requires_grad:
-                        param.copy_(weights[f"{name}.{key}"])
 
     def save_model(self, path: Path) -> None:
         """The policy with the tokenizer in ``path``; the critic in ``path/critic``, or the
