@@ -236,6 +236,38 @@ def test_a_labeller_changes_their_last_vote(client):
     assert taken["vote"]["choice"] == "tie" and taken["progress"]["votes"] == 0
 
 
+def test_a_changed_vote_is_kept_and_comes_back_as_the_tasks_previous(client, db):
+    sign_in(client, "ann")
+    display = client.get("/api/next").json()["task"]
+    assert display["previous"] is None
+    first = vote(client, 1, order=[1, 0], rating=6, flag="typo").json()["vote"]
+    client.post("/api/votes/reopen")
+    task = client.get("/api/next").json()["task"]
+    assert task["id"] == 1 and task["responses"] == display["responses"]  # the same order
+    assert task["previous"] == {"choice": "rank", "order": [1, 0], "rating": 6, "flag": "typo"}
+    assert vote(client, 1, "tie").status_code == 201
+    store = Store(db)
+    (kept,) = store.replaced_votes()
+    (now,) = store.votes()
+    store.close()
+    assert (kept.id, kept.ranking, kept.rating, kept.flag) == (
+        first["id"],
+        first["ranking"],
+        6,
+        "typo",
+    )
+    assert kept.replaced is not None and now.choice == "tie" and now.seconds >= 0
+
+
+def test_the_sign_in_page_sends_the_signed_in_on(client, admin):
+    sign_in(client, "ann")
+    for who in (client, admin):  # Back to /login after a vote, or the address typed
+        response = who.get("/login", follow_redirects=False)
+        assert response.status_code == 303 and response.headers["location"] == "/"
+    client.post("/logout")
+    assert 'name="name"' in client.get("/login").text
+
+
 def test_signed_out_clients_cannot_vote(client):
     assert client.get("/api/next").status_code == 401
     assert vote(client, 1, "skip").status_code == 401
@@ -497,10 +529,12 @@ def test_prepare_from_a_file_then_export(tmp_path, capsys):
     assert main(["label", "export", "--db", db, "--out", out, "--aggregate", "majority"]) == 0
     assert (tmp_path / "prefs.jsonl").read_text() == ""  # no votes yet
     assert f"result:         {out}" in capsys.readouterr().out
-    assert (tmp_path / "prefs.summary.json").is_file()  # where --help says it is
+    assert (tmp_path / "prefs.jsonl.summary.json").is_file()  # where --help says it is
     with pytest.raises(SystemExit):
         main(["label", "export", "--help"])
-    assert "(runs/label/preferences.summary.json)" in " ".join(capsys.readouterr().out.split())
+    assert "(runs/label/preferences.jsonl.summary.json)" in " ".join(
+        capsys.readouterr().out.split()
+    )
 
 
 def test_export_formats_from_the_command_line(tmp_path, capsys):

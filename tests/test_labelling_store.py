@@ -18,6 +18,7 @@ from rlhfkit.labelling.export import (
     majority_ranking,
     run_export,
     summary_path,
+    votes_path,
 )
 from rlhfkit.labelling.store import DatabaseError, LoginError, Store, Vote, VoteError
 
@@ -337,6 +338,10 @@ def test_a_database_of_schema_1_is_brought_up_to_date(tmp_path):
     Store(path, create=True).close()
     db = sqlite3.connect(path)  # back to schema 1: no `disabled`, no "bad" choice
     db.execute("ALTER TABLE labellers DROP COLUMN disabled")
+    for table in ("replaced_votes", "assignments", "decisions", "settings"):  # schema 3's
+        db.execute(f"DROP TABLE {table}")
+    db.execute("ALTER TABLE tasks DROP COLUMN gold")
+    db.execute("ALTER TABLE tasks DROP COLUMN overlap")
     db.execute("DROP TABLE votes")
     db.execute(V1_VOTES)
     db.execute("PRAGMA user_version = 1")
@@ -357,6 +362,8 @@ def test_a_database_of_schema_1_is_brought_up_to_date(tmp_path):
     assert store.record_vote("bob", new_id(), 1, "bad").vote.choice == "bad"
     store.set_disabled("ann")
     assert store.labellers() == {"ann": True, "bob": False}
+    assert store.reopen_last("bob").choice == "bad"  # schema 3: the vote is kept
+    assert [v.choice for v in store.replaced_votes()] == ["bad"]
     store.close()
 
 
@@ -474,7 +481,7 @@ def test_export_writes_what_rm_and_dpo_read_and_counts_ties_and_skips(tmp_path, 
     records = load_records(out, "comparisons")
     assert records[0] == Comparison("Say hi.", "Hello there.", "Hi!")
     assert records[2] == Ranking(RANK[0], RANK[1], [2, 0, 3, 1])
-    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    summary = json.loads(summary_path(out).read_text())
     assert summary["records"] == 3 and summary["left_out"] == {"tie": 1, "bad": 0, "skip": 1}
     assert summary["agreement"]["items"] == 1 + 6  # task 1's pair, task 2's six pairs
     assert summary["agreement"]["agreement"] == pytest.approx(1 / 7)
@@ -496,7 +503,7 @@ def test_flags_and_ratings_given_with_ties_and_skips_reach_the_export_and_its_su
     assert (tie["labeller"], tie["rating"], tie["flag"]) == ("bob", 4, "harmful")
     assert load_records(out, "comparisons") == [Comparison("Say hi.", "Hello there.", "Hi!")]
     summary = json.loads(summary_path(out).read_text())
-    assert summary_path(out) == tmp_path / "prefs.summary.json"
+    assert summary_path(out) == tmp_path / "prefs.jsonl.summary.json"
     assert summary["flags"] == {
         "rank": {},
         "tie": {"harmful": 1},
@@ -516,6 +523,16 @@ def test_flags_and_ratings_given_with_ties_and_skips_reach_the_export_and_its_su
         (2, "skip", "bob", "private information"),
         (3, "skip", "ann", "nonsense"),
     }
+    # Task 2 makes no record: its "all bad" vote and skip are traceable to it all the same.
+    assert summary["tasks_by_choice"] == {"tie": [1], "bad": [2], "skip": [2, 3]}
+    votes = [json.loads(line) for line in votes_path(out).read_text().splitlines()]
+    assert votes_path(out) == tmp_path / "prefs.jsonl.votes.jsonl" and len(votes) == 5
+    (bad,) = [v for v in votes if v["choice"] == "bad"]
+    assert (bad["task_id"], bad["labeller"], bad["rating"]) == (2, "ann", 2)
+    assert bad["prompt"] == RANK[0] and bad["responses"] == RANK[1] and bad["seconds"] >= 0
+
+
+WRITTEN_BESIDE = ("summary.json", "votes.jsonl")  # what an export writes beside its records
 
 
 @pytest.mark.parametrize("fmt, name", [("parquet", "prefs.parquet"), ("dataset", "prefs")])
@@ -532,7 +549,7 @@ def test_export_as_parquet_and_a_dataset_folder_holds_what_jsonl_does(tmp_path, 
     jsonl = run_export(ExportConfig(db=db, out=str(tmp_path / "prefs.jsonl")))
     out = run_export(ExportConfig(db=db, out=str(tmp_path / name), format=fmt))
     assert out == tmp_path / name and (out.is_file() if fmt == "parquet" else out.is_dir())
-    assert summary_path(out) == tmp_path / "prefs.summary.json"
+    assert summary_path(out) == tmp_path / f"{name}.summary.json" != summary_path(jsonl)
     assert (
         load_records(out, "comparisons")
         == load_records(jsonl, "comparisons")
@@ -559,8 +576,10 @@ def test_export_as_parquet_and_a_dataset_folder_holds_what_jsonl_does(tmp_path, 
     assert load_records(out, "comparisons") == load_records(jsonl, "comparisons")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["labels.db", "labels.db-shm", "labels.db-wal", "prefs.jsonl", name]
-        + ["prefs.summary.json"]
+        + [f"{each}.{kind}" for each in ("prefs.jsonl", name) for kind in WRITTEN_BESIDE]
     )
+    summaries = [json.loads(summary_path(each).read_text()) for each in (jsonl, out)]
+    assert summaries[0] == summaries[1]  # each export its own, the same
 
 
 def test_a_table_needs_prompts_of_one_kind(tmp_path, store):

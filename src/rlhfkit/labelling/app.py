@@ -16,7 +16,8 @@ load test also drives:
                        "order": [display slots best first] (rank), "rating": 1-7, "flag": text}
                                                            -> {"vote", "duplicate", "progress"}
     POST /api/votes/reopen                                 -> {"vote": the vote taken back}
-                      (the labeller's latest vote is deleted; its task is their next again)
+                      (the labeller's latest vote is kept aside, `Store.replaced_votes`; its
+                      task is their next again, with that vote as the task's `previous`)
     GET  /api/progress    a labeller: their own counts; the admin: every labeller's, agreement
 
 Roles: a labeller sees their own progress only, never another's votes, names or counts (the
@@ -108,7 +109,19 @@ def task_view(shown: Shown, show: Callable[[str], str] = str) -> dict[str, Any]:
         "k": shown.task.k,
         "prompt": turns,
         "responses": [show(text) for text in shown.responses],
+        "previous": _previous_view(shown, show),
     }
+
+
+def _previous_view(shown: Shown, show: Callable[[str], str]) -> dict[str, Any] | None:
+    """The vote the labeller took back to change, as the page prefills it: the order as
+    display slots best first (the labeller's own order, whatever the response indices)."""
+    vote = shown.previous
+    if vote is None:
+        return None
+    order = [shown.display.index(i) for i in vote.ranking] if vote.ranking else None
+    flag = show(vote.flag) if vote.flag is not None else None
+    return {"choice": vote.choice, "order": order, "rating": vote.rating, "flag": flag}
 
 
 def vote_view(vote: Vote) -> dict[str, Any]:
@@ -259,6 +272,9 @@ class LabellingApp:
         )
 
     async def login_page(self, request: Request) -> Response:
+        """The sign-in form; the signed in (back to it with Back, say) go on to their page."""
+        if self._is_admin(request) or await self._labeller(request) is not None:
+            return RedirectResponse("/", status_code=303)
         return self._page(request, "login.html")
 
     async def login_form(self, request: Request) -> Response:

@@ -9,13 +9,15 @@ a column each, the task's `ties`, `bad` ("all are bad") and `skips` votes (each 
 labeller, vote id, rating and flag of such a vote), which the loaders ignore.
 
 Ties, "all bad" votes and skips carry no preference: they make no record of their own (a
-task that has only those has none) and are counted. What was said with them is kept all the same: beside the
-records' columns, the summary counts every flag and rating by choice and lists every flagged
-vote. When a task has votes from several labellers, `aggregate` chooses between writing every
-vote ("all") and one record per task ordered by the pairwise majority of its votes
-("majority", see `ExportConfig.aggregate`). The summary (these counts and the agreement
-between labellers, `agreement.py`) is written beside the file, `preferences.jsonl` giving
-`preferences.summary.json` (`summary_path`), as `rlhfkit bon` writes its own.
+task that has only those has none). Every judgement stays traceable all the same: beside the
+records, `<out>.votes.jsonl` holds every vote, one row each naming its task (prompt and
+responses), its labeller, choice, ranking, rating, flag, time and the seconds it took,
+the votes labellers changed among them (`replaced`: when); and the summary,
+`<out>.summary.json`, counts every flag and rating by choice, lists every flagged vote and
+the tasks that had a tie, an "all bad" vote or a skip (`tasks_by_choice`), and gives the
+agreement between labellers (`agreement.py`). When a task has votes from several labellers,
+`aggregate` chooses between writing every vote ("all") and one record per task ordered by
+the pairwise majority of its votes ("majority", see `ExportConfig.aggregate`).
 
 The records are written as JSON Lines (`format="jsonl"`), as a Parquet file ("parquet") or as
 a `datasets.Dataset.save_to_disk` folder ("dataset"), the three forms `load_records` reads.
@@ -60,9 +62,9 @@ class ExportConfig:
     """The labelling database (from `rlhfkit label prepare`)."""
     out: str = "runs/label/preferences.jsonl"
     """Where the records are written: a .jsonl file, a .parquet file or a folder, as `format`
-    says. The counts, the flags and ratings and the agreement go beside it, `.jsonl` or
-    `.parquet` replaced by (a folder's name followed by) `.summary.json`
-    (runs/label/preferences.summary.json)."""
+    says. Beside it, its name followed by `.votes.jsonl`: every vote with its task; and by
+    `.summary.json`: the counts, the flags and ratings, the agreement
+    (runs/label/preferences.jsonl.summary.json)."""
     format: Literal["jsonl", "parquet", "dataset"] = "jsonl"
     """'jsonl' (JSON Lines), 'parquet' (one Parquet file) or 'dataset' (a folder written by
     `datasets.Dataset.save_to_disk`, which `datasets.load_from_disk` reads). Each is what
@@ -190,6 +192,10 @@ def export_records(
         "flagged": [
             {"task_id": v.task_id, "choice": v.choice, **_said(v)} for v in votes if v.flag
         ],
+        "tasks_by_choice": {
+            choice: sorted({v.task_id for v in votes if v.choice == choice})
+            for choice in NO_PREFERENCE
+        },
         "agreement": agreement(votes).as_dict(),
     }
     if aggregate == "majority":
@@ -210,11 +216,44 @@ def _by_choice(votes: list[Vote], field: str) -> dict[str, dict[str, int]]:
 
 def summary_path(out: str | Path) -> Path:
     """Where `run_export` writes the summary of the records written to `out`: beside it,
-    `.jsonl` or `.parquet` replaced by `.summary.json`, or after a folder's name."""
+    its whole name followed by `.summary.json` (an export to x.jsonl and one to x.parquet
+    keep a summary each)."""
     out = Path(out)
-    if out.suffix in (".jsonl", ".parquet"):
-        return out.with_suffix(".summary.json")
     return out.with_name(out.name + ".summary.json")
+
+
+def votes_path(out: str | Path) -> Path:
+    """Where `run_export` writes every vote of the records written to `out`: beside it, its
+    whole name followed by `.votes.jsonl`."""
+    out = Path(out)
+    return out.with_name(out.name + ".votes.jsonl")
+
+
+def vote_rows(tasks: dict[int, Task], votes: list[Vote]) -> list[dict[str, Any]]:
+    """Every vote (those that stand and those their labeller changed, `Vote.replaced`) as a
+    row naming its task: the prompt, the responses, who chose what, the rating, the flag,
+    when, and the seconds from the task given to the vote. Ties, "all bad" votes and skips,
+    which make no training record, are traceable here to their task."""
+    rows = []
+    for vote in sorted(votes, key=lambda v: (v.task_id, v.created, v.id)):
+        task = tasks[vote.task_id]
+        rows.append(
+            {
+                "task_id": task.id,
+                "prompt": task.prompt,
+                "responses": task.responses,
+                "vote_id": vote.id,
+                "labeller": vote.labeller,
+                "choice": vote.choice,
+                "ranking": vote.ranking,
+                "rating": vote.rating,
+                "flag": vote.flag,
+                "created": vote.created,
+                "seconds": None if vote.seconds is None else round(vote.seconds, 3),
+                "replaced": vote.replaced,
+            }
+        )
+    return rows
 
 
 def write_jsonl(records: list[dict[str, Any]], path: Path) -> None:
@@ -311,12 +350,14 @@ def run_export(config: ExportConfig) -> Path:
     """The `rlhfkit label export` command: records to `config.out`, a summary beside it."""
     store = Store(config.db)
     try:
-        records, summary = export_records(store.tasks(), store.votes(), config.aggregate)
+        tasks, votes, replaced = store.tasks(), store.votes(), store.replaced_votes()
     finally:
         store.close()
+    records, summary = export_records(tasks, votes, config.aggregate)
     out = Path(config.out)
     with disk_errors(out):  # the writers' own: pyarrow's, datasets'
         WRITERS[config.format](records, out)
+    write_jsonl(vote_rows(tasks, votes + replaced), votes_path(out))
     summary_file = summary_path(out)
     text = json.dumps(summary, indent=2) + "\n"
     with disk_errors(summary_file, len(text)):
@@ -324,7 +365,7 @@ def run_export(config: ExportConfig) -> Path:
     left_out = ", ".join(f"{n} {why}" for why, n in summary["left_out"].items())
     logger.info(
         "%d votes -> %d records (%d comparisons, %d rankings) in %s; left out: %s; "
-        "%d flagged votes; summary in %s",
+        "%d flagged votes; summary in %s; every vote, each with its task, in %s",
         summary["votes"],
         summary["records"],
         summary["comparisons"],
@@ -333,5 +374,6 @@ def run_export(config: ExportConfig) -> Path:
         left_out,
         len(summary["flagged"]),
         summary_file,
+        votes_path(out),
     )
     return out

@@ -58,7 +58,7 @@ from rlhfkit.errors import UsageError
 if TYPE_CHECKING:
     from rlhfkit.data import Prompt
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 LEASE_SECONDS = 30 * 60
 CHOICES = ("rank", "tie", "bad", "skip")
 MAX_NAME = 40
@@ -71,7 +71,9 @@ CREATE TABLE tasks (
     responses TEXT NOT NULL,        -- JSON: a list of K >= 2 strings
     k INTEGER NOT NULL CHECK (k >= 2),
     digest TEXT NOT NULL UNIQUE,    -- of prompt and responses: preparing twice adds nothing
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    gold TEXT,                      -- JSON: the known ranking of a check task, else NULL
+    overlap INTEGER                 -- votes it needs (NULL: the server's labels_per_task)
 );
 CREATE TABLE labellers (
     name TEXT PRIMARY KEY,
@@ -106,10 +108,36 @@ CREATE TABLE {name} (
     UNIQUE (task_id, labeller),
     FOREIGN KEY (task_id, labeller) REFERENCES shown (task_id, labeller)
 )"""
+# A vote its labeller changed ("Change my last vote"), kept with the time it was replaced.
+_REPLACED_VOTES_TABLE = """
+CREATE TABLE replaced_votes (
+    id TEXT PRIMARY KEY,
+    task_id INTEGER NOT NULL,
+    labeller TEXT NOT NULL,
+    choice TEXT NOT NULL,
+    ranking TEXT,
+    rating INTEGER,
+    flag TEXT,
+    created REAL NOT NULL,
+    replaced REAL NOT NULL
+)"""
+# The lead's steering (`campaign.py`): tasks given to named labellers only, the admin's
+# decision on a task, campaign-wide settings (paused).
+_CAMPAIGN_TABLES = [
+    "CREATE TABLE assignments (task_id INTEGER NOT NULL REFERENCES tasks (id), "
+    "labeller TEXT NOT NULL, PRIMARY KEY (task_id, labeller))",
+    "CREATE TABLE decisions (task_id INTEGER PRIMARY KEY REFERENCES tasks (id), "
+    "choice TEXT NOT NULL CHECK (choice IN ('rank', 'tie', 'bad', 'discard')), "
+    "ranking TEXT, note TEXT, decided REAL NOT NULL)",
+    "CREATE TABLE settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+]
 _SCHEMA += _VOTES_TABLE.format(name="votes") + ";"
+_SCHEMA += ";".join([_REPLACED_VOTES_TABLE, *_CAMPAIGN_TABLES]) + ";"
 # From each older schema version to the next: what a database made by an earlier rlhfkit
 # needs. 1 -> 2: labellers can be disabled; a vote can say "all are bad" (SQLite cannot
 # change a CHECK constraint, so the votes are copied into a table that has the new one).
+# 2 -> 3: a changed vote is kept (replaced_votes); a task can be a check task with a known
+# answer (gold) and need its own number of votes (overlap); the lead's tables.
 _MIGRATIONS = {
     1: [
         "ALTER TABLE labellers ADD COLUMN disabled INTEGER NOT NULL DEFAULT 0",
@@ -118,7 +146,13 @@ _MIGRATIONS = {
         "SELECT id, task_id, labeller, choice, ranking, rating, flag, created FROM votes",
         "DROP TABLE votes",
         "ALTER TABLE votes_2 RENAME TO votes",
-    ]
+    ],
+    2: [
+        "ALTER TABLE tasks ADD COLUMN gold TEXT",
+        "ALTER TABLE tasks ADD COLUMN overlap INTEGER",
+        _REPLACED_VOTES_TABLE,
+        *_CAMPAIGN_TABLES,
+    ],
 }
 # SQLite's INTEGER: a task id outside it names no task (and would overflow the driver).
 _INT64 = range(-(2**63), 2**63)
@@ -142,10 +176,12 @@ class Task:
 
 @dataclass(frozen=True)
 class Shown:
-    """A task as one labeller sees it: `display[slot]` is the response index in that slot."""
+    """A task as one labeller sees it: `display[slot]` is the response index in that slot;
+    `previous`, their vote on it that they took back to change ("Change my last vote")."""
 
     task: Task
     display: list[int]
+    previous: Vote | None = None
 
     @property
     def responses(self) -> list[str]:
@@ -171,6 +207,11 @@ class Vote:
     flag: str | None
     """Free text such as 'harmful' or 'nonsense' (optional)."""
     created: float
+    seconds: float | None = None
+    """From the moment the task was given to the labeller (again, after a change) to the
+    vote; None where that is not known."""
+    replaced: float | None = None
+    """When the labeller took this vote back to change it; None for a vote that stands."""
 
 
 @dataclass(frozen=True)
@@ -231,6 +272,7 @@ def _task(row: sqlite3.Row) -> Task:
 
 def _vote(row: sqlite3.Row) -> Vote:
     ranking = row["ranking"]
+    keys = row.keys()
     return Vote(
         id=row["id"],
         task_id=row["task_id"],
@@ -241,6 +283,8 @@ def _vote(row: sqlite3.Row) -> Vote:
         rating=row["rating"],
         flag=row["flag"],
         created=row["created"],
+        seconds=row["seconds"] if "seconds" in keys else None,
+        replaced=row["replaced"] if "replaced" in keys else None,
     )
 
 
@@ -452,11 +496,13 @@ class Store:
                 "JOIN tasks t ON t.id = s.task_id "
                 "WHERE s.labeller = ? AND NOT EXISTS "
                 "(SELECT 1 FROM votes v WHERE v.task_id = s.task_id AND v.labeller = s.labeller) "
-                "ORDER BY s.shown_at LIMIT 1",
+                "ORDER BY (SELECT max(r.replaced) FROM replaced_votes r "
+                "WHERE r.task_id = s.task_id AND r.labeller = s.labeller) DESC NULLS LAST, "
+                "s.shown_at LIMIT 1",
                 (labeller,),
             ).fetchone()
             if row is not None:
-                return Shown(_task(row), json.loads(row["display"]))
+                return Shown(_task(row), json.loads(row["display"]), _previous(db, row, labeller))
             if quota is not None and _judged(db, labeller) >= quota:
                 return None
             row = db.execute(
@@ -524,10 +570,12 @@ class Store:
 
     def reopen_last(self, labeller: str) -> Vote | None:
         """Take back `labeller`'s latest vote so that they can vote on its task again: the
-        vote is deleted, and the task, shown to them and unanswered, is the next they get
-        (`next_task` gives the longest-shown unanswered task first). Each call reopens the
-        latest vote left, so a labeller can go back several. Returns the vote taken back,
-        None if they have none."""
+        vote moves to the replaced votes (kept, with the time; `replaced_votes`), and the
+        task, shown to them anew and unanswered, is the next they get (`next_task` gives the
+        task taken back last first) with that vote as its `previous`. Each call
+        reopens the latest vote left, so a labeller can go back several. Returns the vote
+        taken back, None if they have none."""
+        now = time.time()
         with self._transaction() as db:
             row = db.execute(
                 _VOTES + " WHERE v.labeller = ? ORDER BY v.created DESC, v.rowid DESC LIMIT 1",
@@ -535,8 +583,23 @@ class Store:
             ).fetchone()
             if row is None:
                 return None
+            db.execute(
+                "INSERT INTO replaced_votes (id, task_id, labeller, choice, ranking, rating, "
+                "flag, created, replaced) SELECT id, task_id, labeller, choice, ranking, rating, "
+                "flag, created, ? FROM votes WHERE id = ?",
+                (now, row["id"]),
+            )
             db.execute("DELETE FROM votes WHERE id = ?", (row["id"],))
+            db.execute(
+                "UPDATE shown SET shown_at = ? WHERE task_id = ? AND labeller = ?",
+                (now, row["task_id"], labeller),
+            )
         return _vote(row)
+
+    def replaced_votes(self) -> list[Vote]:
+        """Every vote a labeller took back to change, oldest first (`Vote.replaced` set)."""
+        rows = self._connection().execute(_REPLACED + " ORDER BY v.created, v.id")
+        return [_vote(row) for row in rows]
 
     def votes(self) -> list[Vote]:
         """Every vote, oldest first."""
@@ -625,10 +688,24 @@ SELECT
 """
 
 _VOTES = (
-    "SELECT v.id, v.task_id, v.labeller, v.choice, v.ranking, v.rating, v.flag, v.created, t.k "
-    "FROM votes v JOIN tasks t ON t.id = v.task_id"
+    "SELECT v.id, v.task_id, v.labeller, v.choice, v.ranking, v.rating, v.flag, v.created, t.k, "
+    "v.created - s.shown_at AS seconds FROM votes v JOIN tasks t ON t.id = v.task_id "
+    "LEFT JOIN shown s ON s.task_id = v.task_id AND s.labeller = v.labeller"
+)
+_REPLACED = (
+    "SELECT v.id, v.task_id, v.labeller, v.choice, v.ranking, v.rating, v.flag, v.created, t.k, "
+    "v.replaced FROM replaced_votes v JOIN tasks t ON t.id = v.task_id"
 )
 _VOTE_BY_ID = _VOTES + " WHERE v.id = ?"
+
+
+def _previous(db: sqlite3.Connection, task: sqlite3.Row, labeller: str) -> Vote | None:
+    """`labeller`'s latest vote on `task` that they took back to change, if any."""
+    row = db.execute(
+        _REPLACED + " WHERE v.task_id = ? AND v.labeller = ? ORDER BY v.replaced DESC LIMIT 1",
+        (task["id"], labeller),
+    ).fetchone()
+    return _vote(row) if row is not None else None
 
 
 def _judged(db: sqlite3.Connection, labeller: str) -> int:
