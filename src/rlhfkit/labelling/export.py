@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from rlhfkit.errors import UsageError, check_literals, disk_errors, require
 from rlhfkit.labelling.agreement import agreement
+from rlhfkit.labelling.campaign import Campaign, Decision
 from rlhfkit.labelling.store import CHOICES, Store, Task, Vote
 
 if TYPE_CHECKING:
@@ -99,10 +100,15 @@ def _said(vote: Vote) -> dict[str, Any]:
 
 
 def _record(
-    task: Task, ranking: list[int], votes: list[Vote], task_votes: list[Vote]
+    task: Task,
+    ranking: list[int],
+    votes: list[Vote],
+    task_votes: list[Vote],
+    decision: Decision | None,
 ) -> dict[str, Any]:
     """One training record: a comparison for K = 2, a ranking for K > 2, from `votes`, with
-    the tie and skip votes among `task_votes` (all of the task's) in a column each."""
+    the tie and skip votes among `task_votes` (all of the task's) in a column each, and the
+    admin's `decision` on the task."""
     if task.k == 2:
         record = {
             "prompt": task.prompt,
@@ -122,6 +128,7 @@ def _record(
             column: [_said(v) for v in task_votes if v.choice == choice]
             for choice, column in NO_PREFERENCE.items()
         },
+        "decision": decision.as_dict() if decision is not None else None,
     }
 
 
@@ -152,30 +159,42 @@ def majority_ranking(k: int, votes: list[Vote]) -> list[int] | None:
 
 
 def export_records(
-    tasks: dict[int, Task], votes: list[Vote], aggregate: str = "all"
+    tasks: dict[int, Task],
+    votes: list[Vote],
+    aggregate: str = "all",
+    decisions: dict[int, Decision] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The training records of `votes` and the counts of what was left out and why."""
+    """The training records of `votes` and the counts of what was left out and why. The
+    admin's `decisions` go with their tasks' records; with 'majority' a decided task takes
+    the decision's ranking (one of "tie", "bad" or "discard" makes no record)."""
     if aggregate not in ("all", "majority"):
         raise ValueError(f"aggregate={aggregate!r}: expected 'all' or 'majority'")
+    decisions = decisions or {}
     by_task: dict[int, list[Vote]] = defaultdict(list)
     for vote in votes:
         by_task[vote.task_id].append(vote)
-    records, no_majority = [], 0
+    records, no_majority, decided_out = [], 0, 0
     for task_id in sorted(by_task):
         task, task_votes = tasks[task_id], by_task[task_id]
+        decision = decisions.get(task_id)
         if aggregate == "all":
             records += [
-                _record(task, v.ranking, [v], task_votes) for v in task_votes if v.choice == "rank"
+                _record(task, v.ranking, [v], task_votes, decision)
+                for v in task_votes
+                if v.choice == "rank"
             ]
             continue
         judged = [v for v in task_votes if v.choice != "skip"]
         if not judged:
             continue
-        ranking = majority_ranking(task.k, judged)
-        if ranking is None:
-            no_majority += 1
+        if decision is not None:
+            ranking = decision.ranking
+            decided_out += ranking is None
         else:
-            records.append(_record(task, ranking, judged, task_votes))
+            ranking = majority_ranking(task.k, judged)
+            no_majority += ranking is None
+        if ranking is not None:
+            records.append(_record(task, ranking, judged, task_votes, decision))
     choices = Counter(v.choice for v in votes)
     summary = {
         "aggregate": aggregate,
@@ -200,6 +219,8 @@ def export_records(
     }
     if aggregate == "majority":
         summary["left_out"]["no_majority"] = no_majority
+        summary["left_out"]["decided_without_preference"] = decided_out
+    summary["decided"] = len(decisions)
     return records, summary
 
 
@@ -229,11 +250,18 @@ def votes_path(out: str | Path) -> Path:
     return out.with_name(out.name + ".votes.jsonl")
 
 
-def vote_rows(tasks: dict[int, Task], votes: list[Vote]) -> list[dict[str, Any]]:
+def vote_rows(
+    tasks: dict[int, Task],
+    votes: list[Vote],
+    decisions: dict[int, Decision] | None = None,
+    gold: dict[int, list[int]] | None = None,
+) -> list[dict[str, Any]]:
     """Every vote (those that stand and those their labeller changed, `Vote.replaced`) as a
     row naming its task: the prompt, the responses, who chose what, the rating, the flag,
-    when, and the seconds from the task given to the vote. Ties, "all bad" votes and skips,
-    which make no training record, are traceable here to their task."""
+    when, the seconds from the task given to the vote, and the admin's decision on the task
+    and its gold ranking (a check task's) beside. Ties, "all bad" votes and skips, which
+    make no training record, are traceable here to their task."""
+    decisions, gold = decisions or {}, gold or {}
     rows = []
     for vote in sorted(votes, key=lambda v: (v.task_id, v.created, v.id)):
         task = tasks[vote.task_id]
@@ -251,6 +279,8 @@ def vote_rows(tasks: dict[int, Task], votes: list[Vote]) -> list[dict[str, Any]]
                 "created": vote.created,
                 "seconds": None if vote.seconds is None else round(vote.seconds, 3),
                 "replaced": vote.replaced,
+                "decision": decisions[task.id].as_dict() if task.id in decisions else None,
+                "gold": gold.get(task.id),
             }
         )
     return rows
@@ -301,6 +331,9 @@ def table_schema(records: list[dict[str, Any]]) -> pa.Schema:
         "ratings": pa.list_(pa.int64()),
         "flags": pa.list_(pa.string()),
         **dict.fromkeys(NO_PREFERENCE.values(), said),
+        "decision": pa.struct(
+            [("choice", pa.string()), ("ranking", pa.list_(pa.int64())), ("note", pa.string())]
+        ),
     }
     present = {key for r in records for key in r} if records else set(types)
     return pa.schema([(name, kind) for name, kind in types.items() if name in present])
@@ -351,13 +384,18 @@ def run_export(config: ExportConfig) -> Path:
     store = Store(config.db)
     try:
         tasks, votes, replaced = store.tasks(), store.votes(), store.replaced_votes()
+        campaign = Campaign(store)
+        decisions, gold = campaign.decisions(), campaign.gold()
+        summary_extra = {"accuracy_on_check_tasks": campaign.accuracy(votes)}
     finally:
         store.close()
-    records, summary = export_records(tasks, votes, config.aggregate)
+    records, summary = export_records(tasks, votes, config.aggregate, decisions)
+    summary |= summary_extra
     out = Path(config.out)
     with disk_errors(out):  # the writers' own: pyarrow's, datasets'
         WRITERS[config.format](records, out)
-    write_jsonl(vote_rows(tasks, votes + replaced), votes_path(out))
+    rows = vote_rows(tasks, votes + replaced, decisions, gold)
+    write_jsonl(rows, votes_path(out))
     summary_file = summary_path(out)
     text = json.dumps(summary, indent=2) + "\n"
     with disk_errors(summary_file, len(text)):

@@ -325,7 +325,7 @@ class Store:
         return db
 
     @contextmanager
-    def _transaction(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
+    def transaction(self, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
         """One transaction: IMMEDIATE (takes the write lock first) or DEFERRED (a read snapshot)."""
         db = self._connection()
         db.execute(f"BEGIN {mode}")
@@ -346,7 +346,7 @@ class Store:
 
     def _check_schema(self) -> None:
         try:
-            with self._transaction() as db:
+            with self.transaction() as db:
                 version = db.execute("PRAGMA user_version").fetchone()[0]
                 tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
                 if version == 0 and tables == 0:
@@ -373,7 +373,7 @@ class Store:
         """Add (prompt, responses) tasks in one transaction; returns (added, already there)."""
         added = present = 0
         now = time.time()
-        with self._transaction() as db:
+        with self.transaction() as db:
             for prompt, responses in tasks:
                 if len(responses) < 2:
                     raise ValueError(f"a task needs K >= 2 responses, got {len(responses)}")
@@ -400,7 +400,7 @@ class Store:
         keeps the old token, if the labeller has one and `replace` is False. Only the token's
         hash is stored: it is shown this once."""
         token = secrets.token_urlsafe(16)
-        with self._transaction() as db:
+        with self.transaction() as db:
             name = _known_name(db, check_name(name))
             row = db.execute("SELECT token_hash FROM labellers WHERE name = ?", (name,)).fetchone()
             if row is not None and row["token_hash"] is not None and not replace:
@@ -417,7 +417,7 @@ class Store:
     def sign_in(self, *, name: str | None = None, token: str | None = None) -> tuple[str, str]:
         """Open a session with a token, or with a bare name (for a name that has no token).
         Returns (session secret, labeller name)."""
-        with self._transaction() as db:
+        with self.transaction() as db:
             if token:
                 row = db.execute(
                     "SELECT name, disabled FROM labellers WHERE token_hash = ?",
@@ -458,7 +458,7 @@ class Store:
         return row["labeller"] if row is not None else None
 
     def sign_out(self, secret: str) -> None:
-        with self._transaction() as db:
+        with self.transaction() as db:
             db.execute("DELETE FROM sessions WHERE secret_hash = ?", (_hash(secret),))
 
     def labellers(self) -> dict[str, bool]:
@@ -469,7 +469,7 @@ class Store:
     def set_disabled(self, name: str, disabled: bool = True) -> None:
         """Disable `name` (signed out now, no sign-in later; the tasks they were shown and did
         not answer go back to the others), or enable them again. Their votes stay."""
-        with self._transaction() as db:
+        with self.transaction() as db:
             name = _known_name(db, name)
             found = db.execute(
                 "UPDATE labellers SET disabled = ? WHERE name = ?", (int(disabled), name)
@@ -490,7 +490,7 @@ class Store:
     ) -> Shown | None:
         """The task `labeller` should label now (see the module docstring), or None. With a
         `quota`, no new task once they have judged that many (skips not counted)."""
-        with self._transaction() as db:
+        with self.transaction() as db:
             row = db.execute(
                 "SELECT t.id, t.prompt, t.responses, s.display FROM shown s "
                 "JOIN tasks t ON t.id = s.task_id "
@@ -503,7 +503,7 @@ class Store:
             ).fetchone()
             if row is not None:
                 return Shown(_task(row), json.loads(row["display"]), _previous(db, row, labeller))
-            if quota is not None and _judged(db, labeller) >= quota:
+            if is_paused(db) or (quota is not None and _judged(db, labeller) >= quota):
                 return None
             row = db.execute(
                 _PICK, {"me": labeller, "needed": labels_per_task, "since": _lease_start()}
@@ -539,7 +539,7 @@ class Store:
         flag = _check_flag(flag)
         if task_id not in _INT64:
             raise VoteError(f"no task {task_id}", 404)
-        with self._transaction() as db:
+        with self.transaction() as db:
             task = db.execute("SELECT k FROM tasks WHERE id = ?", (task_id,)).fetchone()
             if task is None:
                 raise VoteError(f"no task {task_id}", 404)
@@ -576,7 +576,7 @@ class Store:
         reopens the latest vote left, so a labeller can go back several. Returns the vote
         taken back, None if they have none."""
         now = time.time()
-        with self._transaction() as db:
+        with self.transaction() as db:
             row = db.execute(
                 _VOTES + " WHERE v.labeller = ? ORDER BY v.created DESC, v.rowid DESC LIMIT 1",
                 (labeller,),
@@ -612,7 +612,7 @@ class Store:
     ) -> dict[str, int]:
         """`labeller`'s votes, and how many tasks they could still be given (within their
         `quota` of judged tasks, if one is set; the progress then holds it, and `judged`)."""
-        with self._transaction("DEFERRED") as db:
+        with self.transaction("DEFERRED") as db:
             votes = db.execute(
                 "SELECT count(*) FROM votes WHERE labeller = ?", (labeller,)
             ).fetchone()[0]
@@ -633,10 +633,11 @@ class Store:
 
     def counts(self, labels_per_task: int) -> dict[str, Any]:
         """Tasks (all, with a vote, with `labels_per_task` votes) and votes per labeller."""
-        with self._transaction("DEFERRED") as db:
+        with self.transaction("DEFERRED") as db:
             per_task = db.execute(
-                "SELECT t.id, count(v.id) AS n FROM tasks t LEFT JOIN votes v "
-                "ON v.task_id = t.id AND v.choice != 'skip' GROUP BY t.id"
+                "SELECT t.id, count(v.id) AS n, coalesce(t.overlap, ?) AS needed FROM tasks t "
+                "LEFT JOIN votes v ON v.task_id = t.id AND v.choice != 'skip' GROUP BY t.id",
+                (labels_per_task,),
             ).fetchall()
             rows = db.execute(
                 "SELECT labeller, choice, count(*) AS n FROM votes GROUP BY labeller, choice"
@@ -649,14 +650,22 @@ class Store:
         return {
             "tasks": len(per_task),
             "tasks_started": sum(row["n"] > 0 for row in per_task),
-            "tasks_done": sum(row["n"] >= labels_per_task for row in per_task),
+            "tasks_done": sum(row["n"] >= row["needed"] for row in per_task),
             "votes": sum(c["votes"] for c in labellers.values()),
             "labellers": dict(sorted(labellers.items())),
         }
 
 
+# The tasks :me may be given at all: those given to no one in particular, and those given to
+# them (`campaign.Campaign.assign`).
+_MINE = """(NOT EXISTS (SELECT 1 FROM assignments a WHERE a.task_id = t.id) OR EXISTS
+    (SELECT 1 FROM assignments a WHERE a.task_id = t.id AND a.labeller = :me))"""
+# A task that still takes votes: fewer than it needs (its own overlap, else :needed), or a
+# check task (gold), which every labeller judges once.
+_OPEN = "(coalesce(d.n, 0) < coalesce(t.overlap, :needed) OR t.gold IS NOT NULL)"
+
 # Open tasks not yet shown to :me, those others are working on first (see the module docstring).
-_PICK = """
+_PICK = f"""
 WITH done AS (
     SELECT task_id, count(*) AS n FROM votes WHERE choice != 'skip' GROUP BY task_id
 ), pending AS (
@@ -665,23 +674,26 @@ WITH done AS (
         (SELECT 1 FROM votes v WHERE v.task_id = s.task_id AND v.labeller = s.labeller)
     GROUP BY s.task_id
 ), open AS (
-    SELECT t.id, t.prompt, t.responses, coalesce(d.n, 0) + coalesce(p.n, 0) AS busy
+    SELECT t.id, t.prompt, t.responses, coalesce(t.overlap, :needed) AS needed,
+        coalesce(d.n, 0) + coalesce(p.n, 0) AS busy
     FROM tasks t
     LEFT JOIN done d ON d.task_id = t.id
     LEFT JOIN pending p ON p.task_id = t.id
-    WHERE coalesce(d.n, 0) < :needed
+    WHERE {_OPEN} AND {_MINE}
       AND NOT EXISTS (SELECT 1 FROM shown s WHERE s.task_id = t.id AND s.labeller = :me)
 )
 SELECT id, prompt, responses FROM open
-ORDER BY busy >= :needed, CASE WHEN busy < :needed THEN -busy ELSE busy END, id
+ORDER BY busy >= needed, CASE WHEN busy < needed THEN -busy ELSE busy END, id
 LIMIT 1
 """
 
 # Tasks :me could still be given: open ones never shown to them, and their unanswered one.
-_LEFT = """
+_LEFT = f"""
 SELECT
     (SELECT count(*) FROM tasks t
-     WHERE (SELECT count(*) FROM votes v WHERE v.task_id = t.id AND v.choice != 'skip') < :needed
+     LEFT JOIN (SELECT task_id, count(*) AS n FROM votes WHERE choice != 'skip'
+                GROUP BY task_id) d ON d.task_id = t.id
+     WHERE {_OPEN} AND {_MINE}
        AND NOT EXISTS (SELECT 1 FROM shown s WHERE s.task_id = t.id AND s.labeller = :me))
   + (SELECT count(*) FROM shown s WHERE s.labeller = :me AND NOT EXISTS
         (SELECT 1 FROM votes v WHERE v.task_id = s.task_id AND v.labeller = s.labeller))
@@ -706,6 +718,13 @@ def _previous(db: sqlite3.Connection, task: sqlite3.Row, labeller: str) -> Vote 
         (task["id"], labeller),
     ).fetchone()
     return _vote(row) if row is not None else None
+
+
+def is_paused(db: sqlite3.Connection) -> bool:
+    """Whether the lead paused the campaign: no labeller is given a new task until resumed
+    (a task already given stays theirs to answer)."""
+    row = db.execute("SELECT value FROM settings WHERE key = 'paused'").fetchone()
+    return row is not None and row["value"] == "1"
 
 
 def _judged(db: sqlite3.Connection, labeller: str) -> int:
