@@ -216,7 +216,8 @@ def test_the_progress_page_before_anyone_agrees(client, admin):
     vote(client, client.get("/api/next").json()["task"]["id"], "tie")
     page = admin.get("/progress").text
     assert "<b>0</b> of <b>3</b> tasks done" in page  # labels_per_task=2
-    assert "<td>ann</td><td>1</td><td>0</td><td>1</td><td>0</td><td>0</td>" in page
+    ann = '<td><a href="/progress/tasks?labeller=ann">ann</a></td>'
+    assert ann + "<td>1</td><td>0</td><td>1</td><td>0</td><td>0</td>" in page
     assert "No task has been labelled by two people yet." in page
 
 
@@ -266,6 +267,67 @@ def test_the_sign_in_page_sends_the_signed_in_on(client, admin):
         assert response.status_code == 303 and response.headers["location"] == "/"
     client.post("/logout")
     assert 'name="name"' in client.get("/login").text
+
+
+def test_the_admin_reviews_disagreements_and_decides(client, admin, db):
+    with TestClient(client.app, base_url=LOCAL) as bob:
+        sign_in(client, "ann")
+        sign_in(bob, "bob")
+        for who, order, extra in ((client, [0, 1], {"flag": "typo"}), (bob, [1, 0], {})):
+            task = who.get("/api/next").json()["task"]
+            assert task["id"] == 1
+            assert vote(who, 1, order=order, **extra).status_code == 201
+        assert bob.get("/api/tasks").status_code == 403  # a labeller sees no one's votes
+        assert bob.get("/progress/tasks", follow_redirects=False).status_code == 303
+    assert (
+        'href="/progress/tasks?show=review"><b>1</b> task to review' in admin.get("/progress").text
+    )
+    page = admin.get("/progress/tasks?show=review").text
+    assert 'id="task-1"' in page and "disagreement" in page and "typo" in page
+    (row,) = admin.get("/api/tasks?show=flagged").json()["tasks"]
+    assert [(v["labeller"], v["flag"]) for v in row["votes"]] == [("ann", "typo"), ("bob", None)]
+    assert sorted(v["order"] for v in row["votes"]) == [[1, 2], [2, 1]]  # their shuffles
+    assert admin.get("/api/tasks?labeller=bob").json()["tasks"][0]["id"] == 1
+    assert admin.get("/api/tasks?show=nothing").status_code == 422
+    form = {"task": "1", "order": "2 > 1", "note": "B answers", "gold": "on", "choice": "rank"}
+    referer = {"referer": LOCAL + "/progress/tasks?show=review"}
+    response = admin.post("/progress/decisions", data=form, headers=referer, follow_redirects=False)
+    assert response.headers["location"] == "/progress/tasks?show=review"
+    assert "No task to show." in admin.get("/progress/tasks?show=review").text
+    page = admin.get("/progress/tasks?show=decided").text
+    assert "Decided: <b>2 &gt; 1</b> (B answers)" in page and "check task: 2 &gt; 1" in page
+    bad = admin.post("/progress/decisions", data={**form, "order": "first"})
+    assert bad.status_code == 422 and "response numbers best first" in bad.json()["error"]
+    answer = admin.post("/api/decisions", json={"task": 2, "choice": "discard", "note": None})
+    assert answer.json() == {
+        "decision": {"choice": "discard", "ranking": None, "note": None},
+        "task": 2,
+    }
+    assert admin.post("/api/decisions", json={"task": 99, "choice": "tie"}).status_code == 404
+    assert client.post("/api/decisions", json={"task": 1, "choice": "tie"}).status_code == 403
+
+
+def test_the_admin_pauses_and_resumes_the_labelling(client, admin):
+    sign_in(client, "ann")
+    assert client.post("/api/pause", json={"paused": True}).status_code == 403
+    admin.post("/progress/pause", data={"action": "pause"})
+    assert "Labelling is paused" in admin.get("/progress").text
+    page = client.get("/").text
+    assert 'id="paused"' in page and 'id="task"' not in page
+    assert client.get("/api/next").json()["paused"] is True
+    assert admin.post("/api/pause", json={"paused": "no"}).status_code == 422
+    assert admin.post("/api/pause", json={"paused": False}).json() == {"paused": False}
+    assert 'id="task"' in client.get("/").text
+
+
+def test_the_tasks_page_shows_model_text_inert(client, admin):
+    sign_in(client, "ann")
+    for task in (1, 2):
+        client.get("/api/next")
+        vote(client, task, "bad", flag="<b>flag</b>")
+    page = admin.get("/progress/tasks").text
+    assert "<script>alert(1)" not in page and "&lt;script&gt;" in page
+    assert "<b>flag</b>" not in page and "&lt;b&gt;flag&lt;/b&gt;" in page
 
 
 def test_signed_out_clients_cannot_vote(client):
@@ -699,12 +761,12 @@ def test_exported_votes_train_a_reward_model_and_dpo_unchanged(client, tmp_path,
     assert (dpo_dir / "final").is_dir()
 
 
-def test_label_help_lists_the_three_commands(capsys):
+def test_label_help_lists_the_four_commands(capsys):
     with pytest.raises(SystemExit) as info:
         main(["label", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert all(re.search(rf"^\s+{c}\s", out, re.M) for c in ("prepare", "serve", "export"))
+    assert all(re.search(rf"^\s+{c}\s", out, re.M) for c in ("prepare", "assign", "serve", "export"))
     with pytest.raises(SystemExit) as info:
         main(["label"])
     assert info.value.code == 2

@@ -3,6 +3,8 @@ labellers with an overlap of their own, pausing, check tasks and each labeller's
 them, the review queue and the admin's decision, which the export carries."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -114,3 +116,27 @@ def test_the_review_queue_holds_disagreements_until_the_admin_decides(store, tmp
     assert {r["gold"] == [1, 0] for r in rows if r["task_id"] == 1} == {True}
     with pytest.raises(VoteError, match="only it, takes a ranking"):
         campaign.decide(2, "tie", [0, 1])
+
+
+def test_label_assign_from_the_command_line_loads_no_ml_library(store):
+    store.close()
+    script = (
+        "import sys; from rlhfkit.cli import main; "
+        f"code = main(['label', 'assign', '--db', {str(store.path)!r}, '--labellers', "
+        "'[ann, bob]', '--share', '0.5', '--overlap', '2']); print(code, 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stderr[-2000:]
+    assert "ann: 2 tasks" in done.stderr and "2 tasks assigned, each to 2 of 2" in done.stderr
+    again = Store(store.path)
+    assert Campaign(again).assigned() == {"ann": 2, "bob": 2}
+    assigned = Campaign(again).assignments()
+    assert len(assigned) == 2 and all(names == ["ann", "bob"] for names in assigned.values())
+    assert given(again, "cat") == [i for i in (1, 2, 3, 4) if i not in assigned]
+    again.close()
+    bad = subprocess.run(
+        [sys.executable, "-m", "rlhfkit.cli", "label", "assign", "--db", str(store.path),
+         "--labellers", "[ann]", "--overlap", "2"], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "overlap" in bad.stderr

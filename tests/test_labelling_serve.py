@@ -4,6 +4,7 @@ in the middle of votes, and the load test: 8 concurrent clients x 200 votes."""
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ import pytest
 
 from rlhfkit.errors import UsageError
 from rlhfkit.labelling.export import export_records
-from rlhfkit.labelling.serve import ServeConfig
+from rlhfkit.labelling.serve import ServeConfig, admin_token_of
 from rlhfkit.labelling.store import Store
 
 
@@ -320,6 +321,27 @@ def test_8_clients_200_votes_each_through_two_kills(tmp_path):
         f"{sum(retried.values())} answers lost to a kill ({retried[200]} stored before it, "
         f"{retried[201]} after); {seconds:.1f} s in all"
     )
+
+
+def test_an_admin_token_file_keeps_the_admin_signed_in_across_restarts(tmp_path):
+    db = make_db(tmp_path / "l.db", 2)
+    kept = tmp_path / "secrets" / "admin.token"
+    tokens = []
+    for start in range(2):
+        with live_server(db, "--admin_token_file", str(kept)) as (url, _, lines):
+            (token,) = re.findall(r"admin token \(([^;]*);.*\): (\S+)", "".join(lines))
+            tokens.append(token[1])
+            assert token[0] == f"{'read from' if start else 'kept in'} {kept}"
+            assert api(url, token=token[1]).get("/api/progress").json()["tasks"] == 2
+    assert tokens[0] == tokens[1] == kept.read_text().strip()
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    kept.chmod(0o644)
+    with pytest.raises(UsageError, match="others than its owner may read it"):
+        admin_token_of(str(kept))
+    kept.write_text("short")
+    kept.chmod(0o600)
+    with pytest.raises(UsageError, match="not a token"):
+        admin_token_of(str(kept))
 
 
 def test_label_export_loads_no_ml_library_and_exports_a_thousand_votes_at_once(tmp_path):

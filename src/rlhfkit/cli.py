@@ -168,6 +168,12 @@ COMMANDS: dict[str, Command] = {
         "the labelling web app: people compare or rank the responses",
         light=True,
     ),
+    "label assign": Command(
+        "rlhfkit.labelling.assign:AssignConfig",
+        "rlhfkit.labelling.assign:run_assign",
+        "give tasks to named labellers, each task to as many of them as it needs votes",
+        light=True,
+    ),
     "label export": Command(
         "rlhfkit.labelling.export:ExportConfig",
         "rlhfkit.labelling.export:run_export",
@@ -177,7 +183,8 @@ COMMANDS: dict[str, Command] = {
 }
 
 GROUPS: dict[str, str] = {
-    "label": "human preference labelling: prepare the tasks, serve the web app, export the votes",
+    "label": "human preference labelling: prepare the tasks, assign them, serve the web app, "
+    "export the votes",
 }
 """Command groups and their help lines: a group's commands are the two-word names
 "<group> <command>" in `COMMANDS`."""

@@ -64,6 +64,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rlhfkit.labelling.agreement import agreement
+from rlhfkit.labelling.campaign import TASK_FILTERS, Campaign
 from rlhfkit.labelling.display import prompt_turns, visible, visible_html
 from rlhfkit.labelling.store import CHOICES, LoginError, Shown, Store, Vote, VoteError
 
@@ -163,6 +164,7 @@ class LabellingApp:
         guidelines: Markup | None = None,
     ):
         self.store = store
+        self.campaign = Campaign(store)
         self.labels_per_task = labels_per_task
         self.require_token = require_token
         self.admin_token = admin_token
@@ -230,12 +232,20 @@ class LabellingApp:
             name: {**counts["labellers"].get(name, no_votes), "disabled": off}
             for name, off in disabled.items()
         }
+        accuracy = await self._call(self.campaign.accuracy, votes)
+        assigned = await self._call(self.campaign.assigned)
+        for name, c in labellers.items():
+            c["assigned"] = assigned.get(name, 0)
+            c["check"] = accuracy.get(name)
         return {
             **counts,
             "labels_per_task": self.labels_per_task,
             "quota": self.quota,
             "labellers": {visible(name): c for name, c in labellers.items()},
             "agreement": agreement(votes).as_dict(),
+            "paused": await self._call(self.campaign.paused),
+            "review": len(await self._call(self.campaign.review_queue, votes)),
+            "check_tasks": len(await self._call(self.campaign.gold)),
         }
 
     async def _own_progress(self, labeller: str) -> dict[str, Any]:
@@ -253,7 +263,8 @@ class LabellingApp:
         shown = await self._next(labeller)
         progress = await self._progress(labeller)
         if shown is None:
-            return self._page(request, "done.html", labeller=labeller, progress=progress)
+            done = "paused.html" if await self._call(self.campaign.paused) else "done.html"
+            return self._page(request, done, labeller=labeller, progress=progress)
         return self._page(
             request, "label.html", labeller=labeller, progress=progress, task=task_view(shown)
         )
@@ -321,6 +332,99 @@ class LabellingApp:
             return _error(str(error), 404)
         return RedirectResponse("/progress", status_code=303)
 
+    # ------------------------------------------------------------------ the admin's steering
+    async def tasks_page(self, request: Request) -> Response:
+        """The admin's list of tasks with every vote, filtered by labeller and by what the
+        lead looks for (`campaign.TASK_FILTERS`), each with the form of a decision."""
+        if not self._is_admin(request):
+            return RedirectResponse("/login", status_code=303)
+        labeller = request.query_params.get("labeller") or None
+        show = request.query_params.get("show", "all")
+        if show not in TASK_FILTERS:
+            return _error(f"show={show!r}: expected one of {', '.join(TASK_FILTERS)}", 422)
+        rows = await self._call(self.campaign.task_rows, labeller, show)
+        names = await self._call(self.store.labellers)
+        return self._page(
+            request,
+            "tasks.html",
+            admin=True,
+            rows=[_task_row_view(row, str) for row in rows],
+            names=list(names),
+            chosen={"labeller": labeller, "show": show},
+            filters=TASK_FILTERS,
+        )
+
+    async def decision_form(self, request: Request) -> Response:
+        """The admin's decision on a task, from the tasks page: a ranking written as response
+        numbers best first ("2 1 3"), or tie, bad or discard; a note; a check task or not."""
+        if not self._is_admin(request):
+            return _error("only the admin may decide on a task", 403)
+        form = await request.form()
+        fields = {key: form.get(key) for key in ("task", "choice", "order", "note", "gold")}
+        if not all(isinstance(v, str | None) for v in fields.values()):
+            return _error("send the decision as form fields", 422)
+        try:
+            task = int(fields["task"] or "")
+            ranking = _numbers(fields["order"]) if fields["choice"] == "rank" else None
+            await self._call(
+                self.campaign.decide, task, fields["choice"], ranking, fields["note"],
+                fields["gold"] == "on",
+            )  # fmt: skip
+        except ValueError as error:
+            status = error.status if isinstance(error, VoteError) else 422
+            return _error(str(error), status)
+        # Back to the list as it was filtered: the path and query of the page the form was on.
+        back = urlsplit(request.headers.get("referer", ""))
+        query = f"?{back.query}" if back.path == "/progress/tasks" and back.query else ""
+        return RedirectResponse(f"/progress/tasks{query}", status_code=303)
+
+    async def pause_form(self, request: Request) -> Response:
+        """The admin's Pause / Resume button of the progress page."""
+        if not self._is_admin(request):
+            return _error("only the admin may pause the labelling", 403)
+        form = await request.form()
+        await self._call(self.campaign.set_paused, form.get("action") == "pause")
+        return RedirectResponse("/progress", status_code=303)
+
+    async def api_tasks(self, request: Request) -> Response:
+        if not self._is_admin(request):
+            return _error("only the admin sees every task's votes", 403)
+        show = request.query_params.get("show", "all")
+        if show not in TASK_FILTERS:
+            return _error(f"show={show!r}: expected one of {', '.join(TASK_FILTERS)}", 422)
+        labeller = request.query_params.get("labeller") or None
+        rows = await self._call(self.campaign.task_rows, labeller, show)
+        return JSONResponse({"tasks": [_task_row_view(row, visible) for row in rows]})
+
+    async def api_decide(self, request: Request) -> Response:
+        if not self._is_admin(request):
+            return _error("only the admin may decide on a task", 403)
+        payload = await _json_object(request)
+        if isinstance(payload, Response):
+            return payload
+        task, note = payload.get("task"), payload.get("note")
+        if type(task) is not int or not isinstance(note, str | None):
+            return _error("task is a task id and note a text", 422)
+        try:
+            decision = await self._call(
+                self.campaign.decide, task, payload.get("choice"), payload.get("ranking"),
+                note, payload.get("gold") is True,
+            )  # fmt: skip
+        except VoteError as error:
+            return _error(str(error), error.status)
+        return JSONResponse({"decision": decision.as_dict(), "task": task})
+
+    async def api_pause(self, request: Request) -> Response:
+        if not self._is_admin(request):
+            return _error("only the admin may pause the labelling", 403)
+        payload = await _json_object(request)
+        if isinstance(payload, Response):
+            return payload
+        if type(payload.get("paused")) is not bool:
+            return _error('send {"paused": true} or {"paused": false}', 422)
+        await self._call(self.campaign.set_paused, payload["paused"])
+        return JSONResponse({"paused": payload["paused"]})
+
     # -------------------------------------------------------------------------------- API
     async def api_login(self, request: Request) -> Response:
         payload = await _json_object(request)
@@ -345,6 +449,7 @@ class LabellingApp:
             {
                 "task": task_view(shown, visible) if shown is not None else None,
                 "progress": await self._progress(labeller),
+                "paused": await self._call(self.campaign.paused),
             }
         )
 
@@ -405,6 +510,47 @@ class LabellingApp:
             return _error("not signed in", 401)
         mine = await self._own_progress(labeller)
         return JSONResponse({"labeller": visible(labeller), "progress": mine})
+
+
+def _task_row_view(row: dict[str, Any], show: Callable[[str], str]) -> dict[str, Any]:
+    """A task of the admin's list with its votes: who chose what (a ranking as response
+    numbers best first), the rating, the flag, the seconds it took; its decision and gold."""
+    task, decision = row["task"], row["decision"]
+    turns = prompt_turns(task.prompt)
+    votes = [
+        {
+            "labeller": show(v.labeller),
+            "choice": v.choice,
+            "order": _numbered(v.ranking),
+            "rating": v.rating,
+            "flag": show(v.flag) if v.flag is not None else None,
+            "seconds": round(v.seconds) if v.seconds is not None else None,
+        }
+        for v in row["votes"]
+    ]
+    return {
+        "id": task.id,
+        "k": task.k,
+        "prompt": show(turns[-1]["content"]),
+        "responses": [show(text) for text in task.responses],
+        "votes": votes,
+        "disagree": row["disagree"],
+        "decision": decision and {**decision, "order": _numbered(decision["ranking"])},
+        "gold": _numbered(row["gold"]),
+    }
+
+
+def _numbered(ranking: list[int] | None) -> list[int] | None:
+    """Response indices as the numbers a person reads (1 for the first response)."""
+    return [i + 1 for i in ranking] if ranking else None
+
+
+def _numbers(order: str | None) -> list[int]:
+    """Response numbers as the admin writes them ("2 1 3", "2>1>3", "2,1,3") as indices."""
+    words = (order or "").replace(">", " ").replace(",", " ").split()
+    if not words or not all(w.isdigit() for w in words):
+        raise ValueError(f"order {order!r}: write the response numbers best first, as 2 1 3")
+    return [int(w) - 1 for w in words]
 
 
 async def _json_object(request: Request) -> dict[str, Any] | Response:
@@ -523,6 +669,12 @@ def create_app(
             Route("/progress", routes.progress_page),
             Route("/guidelines", routes.guidelines_page),
             Route("/progress/labellers", routes.disable_form, methods=["POST"]),
+            Route("/progress/tasks", routes.tasks_page),
+            Route("/progress/decisions", routes.decision_form, methods=["POST"]),
+            Route("/progress/pause", routes.pause_form, methods=["POST"]),
+            Route("/api/tasks", routes.api_tasks),
+            Route("/api/decisions", routes.api_decide, methods=["POST"]),
+            Route("/api/pause", routes.api_pause, methods=["POST"]),
             Route("/api/login", routes.api_login, methods=["POST"]),
             Route("/api/next", routes.api_next),
             Route("/api/votes", routes.api_vote, methods=["POST"]),

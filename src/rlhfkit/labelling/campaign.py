@@ -114,6 +114,14 @@ class Campaign:
         ids = [row["id"] for row in rows]
         return sorted(random.Random(seed).sample(ids, round(share * len(ids))))
 
+    def assignments(self) -> dict[int, list[str]]:
+        """The labellers each assigned task is given to, by task id."""
+        rows = self._rows("SELECT task_id, labeller FROM assignments ORDER BY task_id, labeller")
+        given: dict[int, list[str]] = defaultdict(list)
+        for row in rows:
+            given[row["task_id"]].append(row["labeller"])
+        return dict(given)
+
     def assigned(self) -> dict[str, int]:
         """How many tasks are given to each labeller by name."""
         rows = self._rows(

@@ -5,7 +5,9 @@ name. Listening anywhere else (0.0.0.0 for a team on the local network) needs to
 name in `labellers` gets one the first time it is listed, printed once, and only tokens sign
 in. The socket is bound before the URL is printed, so `--port 0` (a free port) prints the
 port the server really has. Each start also prints a new admin token: signed in with it, the
-organiser sees everyone's progress and the agreement, and can disable a labeller.
+organiser sees everyone's progress and the agreement, and steers the campaign (disables a
+labeller, pauses, reviews disagreements, decides); `--admin_token_file` keeps that token
+across restarts.
 `--guidelines FILE.md` shows the organiser's guidelines with every task (`guidelines.py`
 renders them, once, at start); `--quota N` gives each labeller at most N tasks to judge.
 
@@ -23,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
+import os
 import secrets
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhfkit.errors import require
+from rlhfkit.errors import UsageError, require
 from rlhfkit.labelling.guidelines import read_guidelines
 from rlhfkit.labelling.store import MAX_NAME, LoginError, Store, check_name
 
@@ -81,6 +85,9 @@ class ServeConfig:
     """A Markdown file of guidelines for the labellers, shown (folded) above every task and on
     a page of its own, `/guidelines`. Rendered safely: raw HTML is shown as text and only
     http(s) links are links."""
+    admin_token_file: str | None = None
+    """A file that keeps the admin token across restarts: read when it exists, else made with
+    a new token (readable by its owner only). None: a new token at each start, printed."""
 
     def __post_init__(self) -> None:
         require(self, "db", bool(self.db), "a database file")
@@ -155,6 +162,32 @@ def issue_tokens(store: Store, names: list[str], replace: bool) -> dict[str, str
     return {name: store.issue_token(name, replace=replace) for name in names}
 
 
+def admin_token_of(path: str | None) -> tuple[str, bool]:
+    """The admin token, and whether it was read from `path` (else it is new: written there,
+    readable by its owner only, when `path` is given). A token file that is too short to be
+    a token, or that others may read, is a `UsageError` naming it."""
+    if path is None:
+        return secrets.token_urlsafe(16), False
+    file = Path(path)
+    if file.exists():
+        mode = file.stat().st_mode
+        token = file.read_text(encoding="utf-8").strip() if file.is_file() else ""
+        if len(token) < 16:
+            raise UsageError(f"admin_token_file {path!r}: not a token of 16 characters or more")
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise UsageError(
+                f"admin_token_file {path!r}: others than its owner may read it (mode "
+                f"{stat.S_IMODE(mode):o}); chmod 600 it, or remove it for a new token"
+            )
+        return token, True
+    token = secrets.token_urlsafe(16)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(token + "\n")
+    return token, False
+
+
 def run_serve(config: ServeConfig) -> None:
     """The `rlhfkit label serve` command: log the URL (and new tokens), serve until Ctrl-C."""
     import uvicorn
@@ -168,7 +201,7 @@ def run_serve(config: ServeConfig) -> None:
     finally:
         store.close()
     guidelines = read_guidelines(config.guidelines) if config.guidelines else None
-    admin_token = secrets.token_urlsafe(16)
+    admin_token, kept = admin_token_of(config.admin_token_file)
     app = create_app(
         config.db,
         labels_per_task=config.labels_per_task,
@@ -186,8 +219,12 @@ def run_serve(config: ServeConfig) -> None:
     for name, token in tokens.items():
         shown = token if token is not None else "(has a token already; --new_tokens replaces it)"
         logger.info("token of %s: %s", name, shown)
+    if config.admin_token_file is None:
+        where = "this run only"
+    else:
+        where = f"{'read from' if kept else 'kept in'} {config.admin_token_file}"
     logger.info(
-        "admin token (this run only; sign in with it to see everyone's progress): %s", admin_token
+        "admin token (%s; sign in with it to see everyone's progress): %s", where, admin_token
     )
     logger.info("Labelling at %s (Ctrl-C stops)", url)
     server = uvicorn.Server(
