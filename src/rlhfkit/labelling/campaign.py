@@ -9,7 +9,7 @@
   pairwise judgments that agree with the gold ones (`agreement.pair_labels`: a ranking of K is
   its K(K-1)/2 pairs, a tie or "all bad" a tie on each pair).
 - **Review** (`review_queue`, `decide`): the tasks whose votes disagree on some pair of
-  responses, and the admin's decision on a task (a ranking, "tie", "bad" or "discard", with a
+  responses (but the check tasks), and the admin's decision on a task (a ranking, "tie", "bad" or "discard", with a
   note), kept beside the votes: `label export` writes it with the task's records and, with
   `aggregate: majority`, uses it in place of the votes' majority. A decided ranking can make
   the task a check task at once.
@@ -234,12 +234,12 @@ class Campaign:
 
     def review_queue(self, votes: Sequence[Vote] | None = None) -> list[int]:
         """The tasks whose votes disagree on some pair of responses and that the admin has
-        not decided yet, by id."""
-        decided = self.decisions()
+        not decided yet, by id; not the check tasks, whose answer is known."""
+        settled = self.decisions().keys() | self.gold().keys()
         return [
             task_id
             for task_id, task_votes in _by_task(self.store.votes() if votes is None else votes)
-            if task_id not in decided and disagree(task_votes)
+            if task_id not in settled and disagree(task_votes)
         ]
 
     # ------------------------------------------------------------------- seeing the work
@@ -247,7 +247,7 @@ class Campaign:
         """Each task that has votes (all tasks for `show='gold'` and 'decided'), with its
         votes, decision and gold; only the tasks `labeller` voted on, if given, and those
         `show` asks for (`TASK_FILTERS`): to review (the votes disagree, the admin has not
-        decided), that have a flag, that are check tasks, that the admin decided."""
+        decided, not a check task), that have a flag, that are check tasks, that the admin decided."""
         if show not in TASK_FILTERS:
             raise ValueError(f"show={show!r}: expected one of {', '.join(TASK_FILTERS)}")
         tasks, votes = self.store.tasks(), self.store.votes()
@@ -261,7 +261,7 @@ class Campaign:
             split = disagree(task_votes)
             wanted = {
                 "all": bool(task_votes),
-                "review": split and task_id not in decisions,
+                "review": split and task_id not in decisions and task_id not in gold,
                 "flagged": any(v.flag for v in task_votes),
                 "gold": task_id in gold,
                 "decided": task_id in decisions,
