@@ -8,8 +8,11 @@ import sys
 
 import pytest
 
+from helpers import write_jsonl
+from rlhfkit.config import ConfigError
 from rlhfkit.labelling.campaign import Campaign
 from rlhfkit.labelling.export import ExportConfig, export_records, run_export, votes_path
+from rlhfkit.labelling.prepare import PrepareConfig, run_prepare
 from rlhfkit.labelling.store import Store, VoteError
 from test_labelling_store import PAIR, RANK, new_id, shown_and_vote
 
@@ -140,3 +143,22 @@ def test_label_assign_from_the_command_line_loads_no_ml_library(store):
          "--labellers", "[ann]", "--overlap", "2"], capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2 and "overlap" in bad.stderr
+
+
+def test_check_tasks_come_from_a_file_of_known_answers(tmp_path):
+    known = write_jsonl(
+        tmp_path / "known.jsonl",
+        [
+            {"prompt": "2 + 2?", "chosen": "4", "rejected": "5"},
+            {"prompt": "Count.", "responses": ["two", "one", "three"], "ranking": [1, 0, 2]},
+        ],
+    )
+    db = tmp_path / "labels.db"
+    run_prepare(PrepareConfig(db=str(db), check_tasks=str(known)))
+    run_prepare(PrepareConfig(db=str(db), check_tasks=str(known)))  # again: nothing new
+    store = Store(db)
+    assert Campaign(store).gold() == {1: [0, 1], 2: [1, 0, 2]}
+    assert [t.responses for t in store.tasks().values()] == [["4", "5"], ["two", "one", "three"]]
+    store.close()
+    with pytest.raises(ConfigError, match="or `check_tasks` alone"):
+        PrepareConfig(db=str(db))

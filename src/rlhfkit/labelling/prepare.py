@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhfkit.config import DEMO_DATA, checked_sampling, require
-from rlhfkit.data import DataError, Prompt, PromptRecord, load_records
+from rlhfkit.data import DataError, Prompt, PromptRecord, Ranking, load_records
 
 # The row validation of rlhfkit.data, for a record kind it has no name for (a prompt with
 # unranked responses): the same checks and the same file/line/field messages as its own kinds.
@@ -47,6 +47,10 @@ class PrepareConfig:
     responses: str | None = None
     """Records with `prompt` and `responses` (K >= 2 strings): .jsonl/.json/.parquet file,
     folder or dataset; instead of `models`."""
+    check_tasks: str | None = None
+    """Comparisons or rankings with a known answer (the records `rlhfkit rm` trains on):
+    each becomes a check task, which every labeller judges once and which measures their
+    accuracy (the admin's progress page); beside `responses` or `models`, or alone."""
     models: list[str] = dataclasses.field(default_factory=list)
     """Causal LMs (directories or hub names) to sample the responses from: response i of a
     prompt comes from model i mod M; instead of `responses`."""
@@ -80,8 +84,14 @@ class PrepareConfig:
         require(
             self,
             "responses",
-            (self.responses is None) != (not self.models),
+            self.responses is None or not self.models,
             "a file of responses, or None when `models` are given (one of the two)",
+        )
+        require(
+            self,
+            "responses",
+            self.check_tasks is not None or self.responses is not None or bool(self.models),
+            "a file of responses, or `models` to sample them (or `check_tasks` alone)",
         )
         require(self, "db", bool(self.db), "a database file path")
         require(self, "k", self.k >= 2, "an integer >= 2 (responses to compare per prompt)")
@@ -209,10 +219,32 @@ def _prompts_with_tasks(db: str) -> set[str]:
         store.close()
 
 
+def read_check_tasks(source: str, split: str = "train") -> tuple[list[TaskInput], list[list[int]]]:
+    """The tasks of a file of comparisons or rankings, and each one's known ranking (a
+    comparison's responses are chosen then rejected: its ranking is [0, 1])."""
+    records = load_records(source, "comparisons", split=split)
+    if not records:
+        raise DataError(f"{source}: no records")
+    tasks, gold = [], []
+    for record in records:
+        if isinstance(record, Ranking):
+            tasks.append((record.prompt, record.responses))
+            gold.append(list(record.ranking))
+        else:
+            tasks.append((record.prompt, [record.chosen, record.rejected]))
+            gold.append([0, 1])
+    return tasks, gold
+
+
 def run_prepare(config: PrepareConfig) -> Path:
     """The `rlhfkit label prepare` command: tasks into `config.db`; returns its path."""
+    checks, gold = ([], [])
+    if config.check_tasks is not None:
+        checks, gold = read_check_tasks(config.check_tasks, config.split)
     if config.responses is not None:
         tasks = read_tasks(config.responses, config.split, config.max_prompts)
+    elif not config.models:
+        tasks = []
     else:
         from rlhfkit.models.loading import check_model_source
 
@@ -224,11 +256,13 @@ def run_prepare(config: PrepareConfig) -> Path:
             logger.info("%s: prompts that already have a task are not sampled again", config.db)
     store = Store(config.db, create=True)
     try:
-        added, present = store.add_tasks(tasks)
+        added, present = store.add_tasks([*tasks, *checks], [None] * len(tasks) + gold)
         total = len(store.tasks())
     finally:
         store.close()
     logger.info(
         "%s: %d tasks added, %d already there; %d tasks in all", config.db, added, present, total
     )
+    if checks:
+        logger.info("%d of them check tasks, from %s", len(checks), config.check_tasks)
     return Path(config.db)

@@ -47,7 +47,7 @@ import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -369,12 +369,18 @@ class Store:
             )
 
     # ------------------------------------------------------------------------------ tasks
-    def add_tasks(self, tasks: Iterable[tuple[Prompt, list[str]]]) -> tuple[int, int]:
-        """Add (prompt, responses) tasks in one transaction; returns (added, already there)."""
+    def add_tasks(
+        self,
+        tasks: Iterable[tuple[Prompt, list[str]]],
+        gold: Sequence[list[int] | None] | None = None,
+    ) -> tuple[int, int]:
+        """Add (prompt, responses) tasks in one transaction; returns (added, already there).
+        `gold`, one per task: the known ranking (response indices best first) that makes it
+        a check task (`campaign.py`), or None."""
         added = present = 0
         now = time.time()
         with self.transaction() as db:
-            for prompt, responses in tasks:
+            for n, (prompt, responses) in enumerate(tasks):
                 if len(responses) < 2:
                     raise ValueError(f"a task needs K >= 2 responses, got {len(responses)}")
                 prompt_json = json.dumps(prompt, ensure_ascii=False)
@@ -387,6 +393,14 @@ class Store:
                 )
                 added += cursor.rowcount
                 present += 1 - cursor.rowcount
+                if gold is not None and gold[n] is not None:
+                    if sorted(gold[n]) != list(range(len(responses))):
+                        raise ValueError(
+                            f"gold {gold[n]} is not an order of the {len(responses)} responses"
+                        )
+                    db.execute(
+                        "UPDATE tasks SET gold = ? WHERE digest = ?", (json.dumps(gold[n]), digest)
+                    )
         return added, present
 
     def tasks(self) -> dict[int, Task]:
