@@ -147,11 +147,7 @@ class Campaign:
         """Make task `task_id` a check task with the known `ranking` (response indices best
         first), or (None) an ordinary task again."""
         with self.store.transaction() as db:
-            row = db.execute("SELECT k FROM tasks WHERE id = ?", (task_id,)).fetchone()
-            if row is None:
-                raise VoteError(f"no task {task_id}", 404)
-            if ranking is not None:
-                _check_ranking(ranking, row["k"])
+            _check_task(db, task_id, ranking)
             gold = json.dumps(ranking) if ranking is not None else None
             db.execute("UPDATE tasks SET gold = ? WHERE id = ?", (gold, task_id))
 
@@ -202,11 +198,7 @@ class Campaign:
         note = (note or "").strip() or None
         decided = time.time()
         with self.store.transaction() as db:
-            row = db.execute("SELECT k FROM tasks WHERE id = ?", (task_id,)).fetchone()
-            if row is None:
-                raise VoteError(f"no task {task_id}", 404)
-            if ranking is not None:
-                _check_ranking(ranking, row["k"])
+            _check_task(db, task_id, ranking)
             db.execute(
                 "INSERT INTO decisions (task_id, choice, ranking, note, decided) "
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id) DO UPDATE SET choice = "
@@ -281,8 +273,7 @@ class Campaign:
 
 
 def _assign(db: Any, task_id: int, labellers: Sequence[str], overlap: int | None) -> None:
-    if db.execute("SELECT 1 FROM tasks WHERE id = ?", (task_id,)).fetchone() is None:
-        raise VoteError(f"no task {task_id}", 404)
+    _check_task(db, task_id)
     db.execute("DELETE FROM assignments WHERE task_id = ?", (task_id,))
     db.executemany(
         "INSERT INTO assignments (task_id, labeller) VALUES (?, ?)",
@@ -296,6 +287,16 @@ def _by_task(votes: Sequence[Vote]) -> list[tuple[int, list[Vote]]]:
     for vote in votes:
         grouped[vote.task_id].append(vote)
     return sorted(grouped.items())
+
+
+def _check_task(db: Any, task_id: int, ranking: Any = None) -> None:
+    """A `VoteError` unless task `task_id` exists and `ranking`, if given, orders its
+    responses."""
+    row = db.execute("SELECT k FROM tasks WHERE id = ?", (task_id,)).fetchone()
+    if row is None:
+        raise VoteError(f"no task {task_id}", 404)
+    if ranking is not None:
+        _check_ranking(ranking, row["k"])
 
 
 def _check_ranking(ranking: Any, k: int) -> None:
