@@ -59,7 +59,8 @@ def test_the_admin_reviews_decides_and_pauses_in_a_browser(browser, shots, tmp_p
         page.keyboard.press("Enter")
         page.wait_for_selector("#labellers")
         table = " ".join(page.locator("#labellers").inner_text().split())
-        assert "ann 4 3 0 1 0 100% of 1 on 1" in table and "bob 3 3 0 0 0 0% of 1 on 1" in table
+        assert "ann 4 3 0 1 0 100% (1 judgment on 1 task)" in table
+        assert "bob 3 3 0 0 0 0% (1 judgment on 1 task)" in table
         assert "1 task to review" in page.locator("#review").inner_text()
         page.screenshot(path=shots / "labelling-admin-progress.png", full_page=True)
 

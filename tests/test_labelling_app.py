@@ -766,7 +766,9 @@ def test_label_help_lists_the_four_commands(capsys):
         main(["label", "--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    assert all(re.search(rf"^\s+{c}\s", out, re.M) for c in ("prepare", "assign", "serve", "export"))
+    assert all(
+        re.search(rf"^\s+{c}\s", out, re.M) for c in ("prepare", "assign", "serve", "export")
+    )
     with pytest.raises(SystemExit) as info:
         main(["label"])
     assert info.value.code == 2

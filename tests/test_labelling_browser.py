@@ -168,6 +168,11 @@ def test_a_labeller_votes_with_mouse_and_keys_and_the_export_holds_those_votes(
         assert page.locator(".response .ctrl").text_content() == "\\x1b"
         assert page.locator(".response img, .response script, .response b").count() == 0
         assert page.evaluate("window.__xss") is None
+        page.get_by_label("Show raw text").check()  # the other view: inert too
+        assert page.locator(".response pre.text").first.is_visible()
+        assert page.locator(".response img, .response script, .response b").count() == 0
+        assert page.evaluate("window.__xss") is None
+        page.get_by_label("Show raw text").uncheck()
         page.screenshot(path=shots / "labelling-pair.png")
         page.keyboard.press("2")
         expected[2, "ann"] = (original(2, texts[1]), original(2, texts[0]))
@@ -237,11 +242,12 @@ def test_a_labeller_votes_with_mouse_and_keys_and_the_export_holds_those_votes(
         admin.fill("#token", ADMIN)
         admin.keyboard.press("Enter")
         admin.wait_for_selector("#labellers")
-        table = " ".join(admin.locator("#labellers").inner_text().split())
-        assert table == (
-            "Labeller Votes Preferences Ties All bad Skips Access "
-            "ann 6 4 1 0 1 Disable bob 2 2 0 0 0 Disable"
-        )
+        rows = [" ".join(row.split()) for row in admin.locator("#labellers tr").all_inner_texts()]
+        assert rows[0].startswith("Labeller Votes Preferences Ties All bad Skips")
+        assert [row.split()[:6] for row in rows[1:]] == [
+            ["ann", "6", "4", "1", "0", "1"],
+            ["bob", "2", "2", "0", "0", "0"],
+        ]
         agreement = admin.locator("#agreement").inner_text()
         assert "On the 2 tasks labelled by two or more people" in agreement
         assert "raw agreement 50.0%" in agreement
@@ -378,8 +384,8 @@ def test_keyboard_only_every_control_does_what_its_label_says(browser, tmp_path)
 
 def test_on_a_phone_the_vote_is_in_reach_and_a_failure_is_plain(browser, shots, tmp_path):
     """390 px wide, long responses: nothing overflows sideways, rating and flag come before
-    the vote buttons, which stay in the window; a vote not saved says so where the labeller
-    looks; "Both are bad" (key x) is a vote."""
+    the vote buttons, which stay in the window; a vote refused (other than "already voted")
+    says so where the labeller looks, and the page stays; "Both are bad" (key x) is a vote."""
     db = tmp_path / "labels.db"
     store = Store(db, create=True)
     long = " ".join(f"word{i}" for i in range(600))
@@ -390,7 +396,7 @@ def test_on_a_phone_the_vote_is_in_reach_and_a_failure_is_plain(browser, shots, 
 
     def votes(route):
         if refusing:
-            route.fulfill(status=409, json={"error": "pat already voted on task 1"})
+            route.fulfill(status=422, json={"error": "rating 9: expected 1 to 7"})
         else:
             route.continue_()
 
@@ -417,7 +423,7 @@ def test_on_a_phone_the_vote_is_in_reach_and_a_failure_is_plain(browser, shots, 
         page.keyboard.press("x")
         status = page.locator("#status.problem")
         status.wait_for()
-        assert status.inner_text().startswith("Not saved: pat already voted")
+        assert status.inner_text() == "Not saved: rating 9: expected 1 to 7"
         box = status.bounding_box()
         assert box["y"] + box["height"] <= 844
         refusing.clear()
@@ -549,3 +555,299 @@ def test_guidelines_fold_above_a_phone_ranking_and_have_a_page_of_their_own(
         assert link.get_attribute("rel") == "noopener noreferrer"
         desk.screenshot(path=shots / "labelling-guidelines.png", full_page=True)
         desk.close()
+
+
+# ------------------------------------------------------- the lead's report, item by item
+FOUR = ("Rank four.", ["r one", "r two", "r three", "r four"])
+
+
+def new_store(db, tasks):
+    store = Store(db, create=True)
+    store.add_tasks(tasks)
+    store.close()
+
+
+def stored_votes(db):
+    store = Store(db)
+    try:
+        return store.votes()
+    finally:
+        store.close()
+
+
+def sign_in(page, url, name):
+    page.goto(url)
+    page.fill("#name", name)
+    page.keyboard.press("Enter")
+
+
+def focused_slot(page):
+    return page.evaluate("document.activeElement.dataset.slot")
+
+
+def test_keyboard_ranking_keeps_the_focus_on_the_card_just_placed(browser, tmp_path):
+    """Down, Down, Space places response 3, which moves to the top with the focus on it; the
+    arrows then move through the list as it now stands, without wrapping at its ends."""
+    db = tmp_path / "labels.db"
+    new_store(db, [FOUR])
+    page = browser.new_page(viewport={"width": 1100, "height": 820})
+    with serve_in_thread(db, labels_per_task=1) as url:
+        sign_in(page, url, "kay")
+        wait_for_task(page, 1)
+        shown = slot_texts(page)
+        tab_to(page, '.rankable[data-slot="0"]')
+        for key in ("ArrowDown", "ArrowDown", " "):
+            page.keyboard.press(key)
+        assert page.locator("#order").text_content() == "3"
+        assert card_slots(page) == [2, 0, 1, 3] and focused_slot(page) == "2"
+        page.keyboard.press("ArrowUp")  # at the top already: stays
+        assert focused_slot(page) == "2"
+        for key in ("ArrowDown", "ArrowDown", " "):
+            page.keyboard.press(key)
+        assert page.locator("#order").text_content() == "3 > 2"
+        assert card_slots(page) == [2, 1, 0, 3] and focused_slot(page) == "1"
+        for key in ("ArrowDown", " ", "ArrowDown", "ArrowDown", " "):
+            page.keyboard.press(key)
+        assert page.locator("#order").text_content() == "3 > 2 > 1 > 4"
+        page.keyboard.press("Enter")
+        page.wait_for_selector("text=Nothing left for you to label")
+    (vote,) = stored_votes(db)
+    assert [FOUR[1][i] for i in vote.ranking] == [shown[s] for s in (2, 1, 0, 3)]
+    page.close()
+
+
+def test_rating_and_flag_stay_in_reach_beside_the_vote_on_long_responses(browser, tmp_path):
+    """On a phone and on a desktop, with two 4,000-character responses, the rating and the
+    flag are in the window at the top of the page; a vote sent from there carries both."""
+    db = tmp_path / "labels.db"
+    long = ("A sentence of a long response. " * 130)[:4000]
+    new_store(db, [("Long.", [f"1 {long}", f"2 {long}"]), ("Long again.", [long, long + "!"])])
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    with serve_in_thread(db, labels_per_task=1) as url:
+        sign_in(page, url, "pat")
+        for task, size in ((1, (390, 844)), (2, (1100, 820))):
+            page.set_viewport_size({"width": size[0], "height": size[1]})
+            wait_for_task(page, task)
+            page.evaluate("window.scrollTo(0, 0)")
+            assert page.evaluate("document.documentElement.scrollHeight") > 2 * size[1]
+            for selector in ('input[name="rating"][value="5"]', "#flag"):
+                box = page.locator(selector).bounding_box()
+                assert box is not None, selector
+                assert box["y"] >= 0 and box["y"] + box["height"] <= size[1], (selector, box)
+            page.locator('input[name="rating"][value="5"]').check()
+            page.fill("#flag", f"too long {task}")
+            page.click('[data-choice="a"]')
+        page.wait_for_selector("text=Nothing left for you to label")
+    assert [(v.rating, v.flag) for v in stored_votes(db)] == [(5, "too long 1"), (5, "too long 2")]
+    page.close()
+
+
+def test_a_vote_already_made_in_another_tab_moves_on_to_the_next_task(browser, tmp_path):
+    """Two tabs on one task: the first votes; the second's vote is refused (409, already
+    voted), so that tab says so and loads the next task instead of staying stuck."""
+    db = tmp_path / "labels.db"
+    new_store(db, KEYBOARD_TASKS[:2])
+    context = browser.new_context(viewport={"width": 1100, "height": 820})
+    first = context.new_page()
+    with serve_in_thread(db, labels_per_task=1) as url:
+        sign_in(first, url, "tab")
+        wait_for_task(first, 1)
+        second = context.new_page()
+        second.goto(url)
+        wait_for_task(second, 1)
+        first.keyboard.press("1")
+        wait_for_task(first, 2)
+        second.keyboard.press("2")
+        second.wait_for_selector("#status >> text=already voted")
+        second.wait_for_selector('#task[data-task="2"]', timeout=5000)
+    assert [v.task_id for v in stored_votes(db)] == [1]
+    context.close()
+
+
+def test_back_after_a_vote_does_not_show_the_sign_in_form(browser, tmp_path):
+    db = tmp_path / "labels.db"
+    new_store(db, KEYBOARD_TASKS[:2])
+    page = browser.new_page(viewport={"width": 1100, "height": 820})
+    with serve_in_thread(db, labels_per_task=1) as url:
+        sign_in(page, url, "bea")
+        wait_for_task(page, 1)
+        page.keyboard.press("1")
+        wait_for_task(page, 2)
+        page.go_back()
+        page.wait_for_load_state("domcontentloaded")
+        assert page.locator("#name").count() == 0, page.url
+        assert page.locator("text=Signed in as").count() == 1
+    page.close()
+
+
+def test_each_ranking_option_is_named_by_its_number(browser, tmp_path):
+    """A screen reader names an option "Response 1" (its state: selected or not), not by its
+    whole text, which is its description."""
+    db = tmp_path / "labels.db"
+    new_store(db, [("Long ranking.", ["x " * 1250, "y " * 1250, "z " * 1250])])
+    page = browser.new_page(viewport={"width": 1100, "height": 820})
+    with serve_in_thread(db, labels_per_task=1) as url:
+        sign_in(page, url, "ray")
+        wait_for_task(page, 1)
+        for n in (1, 2, 3):
+            assert page.get_by_role("option", name=f"Response {n}", exact=True).count() == 1
+        page.keyboard.press("2")
+        option = page.get_by_role("option", name="Response 2", exact=True)
+        assert option.get_attribute("aria-selected") == "true"
+        description = option.evaluate(
+            "o => document.getElementById(o.getAttribute('aria-describedby')).innerText"
+        )
+        assert description.split() == slot_texts(page)[1].split()  # the text shown, once
+    page.close()
+
+
+def test_all_equally_good_has_a_key(browser, tmp_path):
+    db = tmp_path / "labels.db"
+    new_store(db, [KEYBOARD_TASKS[2]])
+    page = browser.new_page(viewport={"width": 1100, "height": 820})
+    with serve_in_thread(db, labels_per_task=1) as url:
+        sign_in(page, url, "eve")
+        wait_for_task(page, 1)
+        button = page.get_by_role("button", name="All equally good", exact=True)
+        assert button.get_attribute("aria-keyshortcuts") == "E"
+        assert button.locator("kbd").text_content() == "e"
+        page.keyboard.press("e")
+        page.wait_for_selector("text=Nothing left for you to label")
+    assert [v.choice for v in stored_votes(db)] == ["tie"]
+    page.close()
+
+
+def test_key_hints_are_hidden_on_a_touch_screen(browser, tmp_path):
+    db = tmp_path / "labels.db"
+    new_store(db, [KEYBOARD_TASKS[0], KEYBOARD_TASKS[2]])
+    with serve_in_thread(db, labels_per_task=2) as url:
+        for name, options, seen in (
+            ("phone", {"has_touch": True, "is_mobile": True}, False),
+            ("desk", {}, True),
+        ):
+            size = {"width": 390, "height": 844} if not seen else {"width": 1100, "height": 820}
+            context = browser.new_context(viewport=size, **options)
+            page = context.new_page()
+            sign_in(page, url, name)
+            for task in (1, 2):
+                wait_for_task(page, task)
+                hints = page.locator("kbd:not(dialog kbd)")
+                assert hints.count() >= 5
+                assert [hints.nth(i).is_visible() for i in range(hints.count())] == [
+                    seen
+                ] * hints.count(), (name, task)
+                page.keyboard.press("s")
+            context.close()
+
+
+def test_question_mark_lists_every_shortcut_and_escape_closes_it(browser, tmp_path):
+    db = tmp_path / "labels.db"
+    new_store(db, [KEYBOARD_TASKS[0], KEYBOARD_TASKS[2]])
+    page = browser.new_page(viewport={"width": 1100, "height": 820})
+    with serve_in_thread(db, labels_per_task=1) as url:
+        sign_in(page, url, "quin")
+        for task, keys in ((1, ["1", "2", "space", "x", "s"]), (2, ["Backspace", "Enter", "e"])):
+            wait_for_task(page, task)
+            dialog = page.locator("#shortcuts")
+            assert not dialog.is_visible()
+            page.keyboard.press("?")
+            assert dialog.is_visible()
+            listed = dialog.locator("kbd").all_text_contents()
+            assert all(key in listed for key in keys), listed
+            page.keyboard.press("x")  # a shortcut does nothing while the list is open
+            page.keyboard.press("Escape")
+            assert not dialog.is_visible()
+            assert page.locator("#task").get_attribute("data-task") == str(task)
+            page.keyboard.press("s")
+        page.wait_for_selector("text=Nothing left for you to label")
+    assert [v.choice for v in stored_votes(db)] == ["skip", "skip"]
+    page.close()
+
+
+MARKDOWN = "**Bold** and `code`, a [link](https://example.org/a) and [bad](javascript:alert(1)).\n\n- one\n- two\n\x1b[2J"
+
+
+def test_responses_show_markdown_made_safe_and_the_raw_text_on_demand(browser, tmp_path):
+    """Responses are rendered Markdown (raw HTML as text, no image loaded, http(s) links only,
+    controls made visible); "Show raw text" shows every response as written, and neither
+    view runs the hostile one."""
+    db = tmp_path / "labels.db"
+    new_store(db, [("Format it.", [MARKDOWN, HOSTILE]), ("Again.", [MARKDOWN, "plain"])])
+    page = browser.new_page(viewport={"width": 1100, "height": 820})
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+    with serve_in_thread(db, labels_per_task=1) as url:
+        sign_in(page, url, "mo")
+        wait_for_task(page, 1)
+        shown = page.locator(".response .markdown").filter(has_text="Bold and")
+        assert shown.locator("strong").text_content() == "Bold"
+        assert shown.locator("code").text_content() == "code"
+        assert shown.locator("li").count() == 2
+        assert shown.locator("a").count() == 1
+        assert shown.locator("a").get_attribute("href") == "https://example.org/a"
+        assert "\\x1b[2J" in shown.inner_text()
+        hostile = page.locator(".response .markdown").filter(has_text="onerror")
+        assert SCRIPT in hostile.inner_text() and "<img src=x" in hostile.inner_text()
+        assert page.locator(".response script, .response img").count() == 0
+        assert not page.locator(".response pre.text").first.is_visible()
+
+        page.get_by_label("Show raw text").check()
+        raw = page.locator(".response pre.text")
+        assert raw.first.is_visible() and not page.locator(".response .markdown").first.is_visible()
+        assert sorted(raw.all_inner_texts()) == sorted(visible(t) for t in (MARKDOWN, HOSTILE))
+        assert page.evaluate("window.__xss") is None
+        page.keyboard.press("1")
+        wait_for_task(page, 2)  # the choice holds from one task to the next
+        assert page.get_by_label("Show raw text").is_checked()
+        assert page.locator(".response pre.text").first.is_visible()
+        page.get_by_label("Show raw text").uncheck()
+        assert page.locator(".response .markdown").first.is_visible()
+    assert not errors, errors
+    page.close()
+
+
+FLAG = """typo, 'quoted' "<b>twice</b>" & more"""  # the quotes of an HTML attribute, and tags
+
+
+def test_a_changed_vote_comes_back_with_its_earlier_answers_filled_in(browser, tmp_path):
+    """ "Change my last vote": the task comes back with the earlier rating, flag and ranking
+    filled in again, and the earlier choice named; the vote sent then replaces it."""
+    db = tmp_path / "labels.db"
+    new_store(db, [KEYBOARD_TASKS[0], KEYBOARD_TASKS[2]])
+    page = browser.new_page(viewport={"width": 1100, "height": 820})
+    with serve_in_thread(db, labels_per_task=1) as url:
+        sign_in(page, url, "cy")
+        wait_for_task(page, 1)
+        pair = slot_texts(page)
+        page.locator('input[name="rating"][value="6"]').check()
+        page.fill("#flag", FLAG)
+        page.click('[data-choice="a"]')
+        wait_for_task(page, 2)
+        page.click("text=Change my last vote")
+        wait_for_task(page, 1)
+        assert page.locator('input[name="rating"]:checked').get_attribute("value") == "6"
+        assert page.locator("#flag").input_value() == FLAG
+        assert page.locator("#status").text_content() == "Your earlier vote: A is better"
+        page.click('[data-choice="b"]')
+
+        wait_for_task(page, 2)
+        ranked = slot_texts(page)
+        for key in ("2", "1", "3", "Enter"):
+            page.keyboard.press(key)
+        page.wait_for_selector("text=Nothing left for you to label")
+        page.click("text=Change my last vote")
+        wait_for_task(page, 2)
+        assert page.locator("#order").text_content() == "2 > 1 > 3"
+        assert (
+            card_slots(page) == [1, 0, 2] and not page.locator("[data-action=submit]").is_disabled()
+        )
+        assert page.locator("#status").text_content() == "Your earlier vote: 2 > 1 > 3"
+        assert page.locator('input[name="rating"]:checked').count() == 0
+        page.keyboard.press("Enter")
+        page.wait_for_selector("text=Nothing left for you to label")
+    first, second = stored_votes(db)
+    assert (first.task_id, first.rating, first.flag) == (1, 6, FLAG)
+    assert KEYBOARD_TASKS[0][1][first.ranking[0]] == pair[1]  # B, the changed vote
+    assert [KEYBOARD_TASKS[2][1][i] for i in second.ranking] == [ranked[s] for s in (1, 0, 2)]
+    page.close()

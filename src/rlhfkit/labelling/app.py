@@ -66,6 +66,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rlhfkit.labelling.agreement import agreement
 from rlhfkit.labelling.campaign import TASK_FILTERS, Campaign
 from rlhfkit.labelling.display import prompt_turns, visible, visible_html
+from rlhfkit.labelling.guidelines import render_response
 from rlhfkit.labelling.store import CHOICES, LoginError, Shown, Store, Vote, VoteError
 
 COOKIE_DAYS = 30
@@ -176,6 +177,7 @@ class LabellingApp:
             loader=PackageLoader("rlhfkit.labelling", "templates"), autoescape=True
         )
         environment.filters["visible"] = visible_html
+        environment.filters["markdown"] = render_response
         self.templates = Jinja2Templates(env=environment)
 
     # ---------------------------------------------------------------------------- helpers
@@ -396,10 +398,14 @@ class LabellingApp:
         rows = await self._call(self.campaign.task_rows, labeller, show)
         return JSONResponse({"tasks": [_task_row_view(row, visible) for row in rows]})
 
-    async def api_decide(self, request: Request) -> Response:
+    async def _admin_payload(self, request: Request, doing: str) -> dict[str, Any] | Response:
+        """The JSON object the admin sent, or the error response: 403 for anyone else."""
         if not self._is_admin(request):
-            return _error("only the admin may decide on a task", 403)
-        payload = await _json_object(request)
+            return _error(f"only the admin may {doing}", 403)
+        return await _json_object(request)
+
+    async def api_decide(self, request: Request) -> Response:
+        payload = await self._admin_payload(request, "decide on a task")
         if isinstance(payload, Response):
             return payload
         task, note = payload.get("task"), payload.get("note")
@@ -415,9 +421,7 @@ class LabellingApp:
         return JSONResponse({"decision": decision.as_dict(), "task": task})
 
     async def api_pause(self, request: Request) -> Response:
-        if not self._is_admin(request):
-            return _error("only the admin may pause the labelling", 403)
-        payload = await _json_object(request)
+        payload = await self._admin_payload(request, "pause the labelling")
         if isinstance(payload, Response):
             return payload
         if type(payload.get("paused")) is not bool:
@@ -660,30 +664,7 @@ def create_app(
         routes.store.close()
 
     app = Starlette(
-        routes=[
-            Route("/", routes.home),
-            Route("/login", routes.login_page, methods=["GET"]),
-            Route("/login", routes.login_form, methods=["POST"]),
-            Route("/logout", routes.logout, methods=["POST"]),
-            Route("/reopen", routes.reopen_form, methods=["POST"]),
-            Route("/progress", routes.progress_page),
-            Route("/guidelines", routes.guidelines_page),
-            Route("/progress/labellers", routes.disable_form, methods=["POST"]),
-            Route("/progress/tasks", routes.tasks_page),
-            Route("/progress/decisions", routes.decision_form, methods=["POST"]),
-            Route("/progress/pause", routes.pause_form, methods=["POST"]),
-            Route("/api/tasks", routes.api_tasks),
-            Route("/api/decisions", routes.api_decide, methods=["POST"]),
-            Route("/api/pause", routes.api_pause, methods=["POST"]),
-            Route("/api/login", routes.api_login, methods=["POST"]),
-            Route("/api/next", routes.api_next),
-            Route("/api/votes", routes.api_vote, methods=["POST"]),
-            Route("/api/votes/reopen", routes.api_reopen, methods=["POST"]),
-            Route("/api/progress", routes.api_progress),
-            Mount(
-                "/static", StaticFiles(packages=[("rlhfkit.labelling", "static")]), name="static"
-            ),
-        ],
+        routes=_routes(routes),
         max_body_size=MAX_BODY,
         lifespan=lifespan,
     )
@@ -692,3 +673,29 @@ def create_app(
     app.add_middleware(AllowedHosts, names=hosts)
     app.add_middleware(SecurityHeaders)
     return app
+
+
+def _routes(app: LabellingApp) -> list[Route | Mount]:
+    """The pages, the admin's forms, the JSON API and the static files, by path."""
+    return [
+        Route("/", app.home),
+        Route("/login", app.login_page, methods=["GET"]),
+        Route("/login", app.login_form, methods=["POST"]),
+        Route("/logout", app.logout, methods=["POST"]),
+        Route("/reopen", app.reopen_form, methods=["POST"]),
+        Route("/progress", app.progress_page),
+        Route("/guidelines", app.guidelines_page),
+        Route("/progress/labellers", app.disable_form, methods=["POST"]),
+        Route("/progress/tasks", app.tasks_page),
+        Route("/progress/decisions", app.decision_form, methods=["POST"]),
+        Route("/progress/pause", app.pause_form, methods=["POST"]),
+        Route("/api/tasks", app.api_tasks),
+        Route("/api/decisions", app.api_decide, methods=["POST"]),
+        Route("/api/pause", app.api_pause, methods=["POST"]),
+        Route("/api/login", app.api_login, methods=["POST"]),
+        Route("/api/next", app.api_next),
+        Route("/api/votes", app.api_vote, methods=["POST"]),
+        Route("/api/votes/reopen", app.api_reopen, methods=["POST"]),
+        Route("/api/progress", app.api_progress),
+        Mount("/static", StaticFiles(packages=[("rlhfkit.labelling", "static")]), name="static"),
+    ]

@@ -1,9 +1,11 @@
 """Model text shown exactly as text: what a labeller sees of a prompt or a response.
 
 HTML is escaped (Jinja2 autoescape in the templates; the page's script only ever sets
-`textContent`) and markdown is never rendered. Labellers must see what a user of the model
-would see, so every character is shown as itself, joiners and marks included: the zero-width
-joiner holds a family emoji together, the non-joiner is part of a Persian word (`می‌خواهم`),
+`textContent`). A response is also shown as Markdown made safe (`guidelines.render_response`,
+from `visible`'s text), as a chat interface would show it, with a switch back to this raw form.
+Labellers must see what a user of the model would see, so every character is shown as itself,
+joiners and marks included: the zero-width joiner holds a family emoji together, the
+non-joiner is part of a Persian word (`می‌خواهم`),
 the left-to-right and right-to-left marks place punctuation in mixed-direction text. Only the
 characters that make the page show something other than what the text says are neutralised:
 the controls (terminal escapes, NUL, backspace, a lone carriage return, C1) and the bidi

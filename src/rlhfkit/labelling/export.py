@@ -195,11 +195,23 @@ def export_records(
             no_majority += ranking is None
         if ranking is not None:
             records.append(_record(task, ranking, judged, task_votes, decision))
+    summary = _summary(tasks, votes, records, aggregate)
+    if aggregate == "majority":
+        summary["left_out"]["no_majority"] = no_majority
+        summary["left_out"]["decided_without_preference"] = decided_out
+    summary["decided"] = len(decisions)
+    return records, summary
+
+
+def _summary(
+    tasks: dict[int, Task], votes: list[Vote], records: list[dict[str, Any]], aggregate: str
+) -> dict[str, Any]:
+    """What an export holds and leaves out, the flags and ratings, the agreement."""
     choices = Counter(v.choice for v in votes)
-    summary = {
+    return {
         "aggregate": aggregate,
         "tasks": len(tasks),
-        "tasks_with_votes": len(by_task),
+        "tasks_with_votes": len({v.task_id for v in votes}),
         "votes": len(votes),
         "votes_by_choice": {c: choices[c] for c in CHOICES},
         "records": len(records),
@@ -217,11 +229,6 @@ def export_records(
         },
         "agreement": agreement(votes).as_dict(),
     }
-    if aggregate == "majority":
-        summary["left_out"]["no_majority"] = no_majority
-        summary["left_out"]["decided_without_preference"] = decided_out
-    summary["decided"] = len(decisions)
-    return records, summary
 
 
 def _by_choice(votes: list[Vote], field: str) -> dict[str, dict[str, int]]:

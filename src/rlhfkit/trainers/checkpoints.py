@@ -30,7 +30,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from accelerate.utils import broadcast_object_list
@@ -45,9 +45,6 @@ from rlhfkit.models.loading import check_model_source
 from rlhfkit.runtime.sharding import load_local_optimizer_state, local_optimizer_state
 from rlhfkit.runtime.threads import resume_threads
 from rlhfkit.trainers.state import TrainerState
-
-if TYPE_CHECKING:
-    from rlhfkit.trainers.loop import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +127,10 @@ def _launch_text(launch: dict[str, Any]) -> str:
 
 
 class Checkpoints:
-    """The checkpoints of ``trainer``'s run (see the module docstring). ``saved_at`` is the
-    step of the newest one this run wrote or resumed from."""
+    """The checkpoints of the run of ``trainer`` (a `loop.Trainer`; see the module
+    docstring). ``saved_at`` is the step of the newest one this run wrote or resumed from."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.saved_at = -1
 

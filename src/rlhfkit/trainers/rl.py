@@ -162,25 +162,31 @@ class RLTrainer(Trainer):
             else FixedKLController(config.kl_coef)
         )
         self.moments = RunningMoments()  # of every score seen, for score_normalize
+        self._seed_generators()
         rank, world = self.runtime.rank, self.runtime.world
-        self.sample_generator = torch.Generator(self.runtime.device)
-        self.sample_generator.manual_seed(rank_seed(config.seed, rank))
-        self.shuffle_generator = torch.Generator().manual_seed(rank_seed(config.seed + 1, rank))
-        self.env_generator = torch.Generator().manual_seed(rank_seed(config.seed + 3, rank))
         self.ptx_stream = Stream(
             len(self.ptx_examples), config.batch_size, config.seed, True, rank, world
         )
         if self.ptx_examples:
             self.ptx_stream.check_split("ptx_data")
         self.ptx_position = Position()
-        self.generators = {"sample": self.sample_generator, "shuffle": self.shuffle_generator}
-        if self.maker.environment is not None:
-            self.generators["environment"] = self.env_generator
         self.state_parts = {
             "kl_controller": self.kl_controller,
             "score_moments": self.moments,
             "ptx_position": self.ptx_position,
         }
+
+    def _seed_generators(self) -> None:
+        """This process's random streams of sampling, minibatch shuffling and environment
+        resets, seeded from the config's seed and the rank; checkpoints keep them."""
+        seed, rank = self.config.seed, self.runtime.rank
+        self.sample_generator = torch.Generator(self.runtime.device)
+        self.sample_generator.manual_seed(rank_seed(seed, rank))
+        self.shuffle_generator = torch.Generator().manual_seed(rank_seed(seed + 1, rank))
+        self.env_generator = torch.Generator().manual_seed(rank_seed(seed + 3, rank))
+        self.generators = {"sample": self.sample_generator, "shuffle": self.shuffle_generator}
+        if self.maker.environment is not None:
+            self.generators["environment"] = self.env_generator
 
     def _build_learners(self, critic: nn.Module | None) -> None:
         """The policy's learning-rate schedule over the steps it takes (after the critic's

@@ -1,9 +1,12 @@
 // The labelling page: keyboard and mouse, the ranking of K > 2 responses (by clicks, keys or
-// drag and drop), and a vote sent once.
+// drag and drop), a vote sent once, the list of shortcuts (`?`), the switch between rendered
+// Markdown and raw text, and a changed vote's earlier answers filled in again.
 //
 // The vote's id is a UUID made when the page is shown; every retry of the submission sends the
 // same id, so a vote the server stored before the connection dropped is not counted twice.
-// This script never inserts markup: all text goes in through textContent.
+// After a vote the page is replaced by the next task's (location.replace): Back never returns
+// to a task already voted on. This script never inserts markup: all text goes in through
+// textContent.
 "use strict";
 
 (() => {
@@ -19,7 +22,9 @@
   const list = task.querySelector(".ranking");
   const orderText = document.getElementById("order");
   const submitButton = task.querySelector('[data-action="submit"]');
+  const shortcuts = document.getElementById("shortcuts");
   const MAX_ATTEMPTS = 6;
+  const MOVE_ON_MS = 1500; // long enough to read why the page moves on
   let order = []; // display slots placed so far, best first
   let sending = false;
 
@@ -70,17 +75,11 @@
       }
       if (response && response.ok) {
         say("Saved.");
-        window.location.assign("/");
+        window.location.replace("/");
         return;
       }
       if (response && response.status < 500) {
-        const answer = await response.json().catch(() => ({}));
-        if (response.status === 401) {
-          window.location.assign("/login");
-          return;
-        }
-        say(`Not saved: ${answer.error || response.statusText}`, true);
-        setBusy(false);
+        await refused(response);
         return;
       }
       if (attempt < MAX_ATTEMPTS) {
@@ -89,6 +88,24 @@
       }
     }
     say("Not saved: cannot reach the server. Vote again to retry.", true);
+    setBusy(false);
+  }
+
+  // A vote the server refused: signed out, already voted (in another tab, say: that tab's
+  // vote stands, and this page has nothing left to do), or a vote it cannot take.
+  async function refused(response) {
+    const answer = await response.json().catch(() => ({}));
+    if (response.status === 401) {
+      window.location.replace("/login");
+      return;
+    }
+    if (response.status === 409 && / already voted on task \d+$/.test(answer.error || "")) {
+      say("You have already voted on this task (in another tab?). On to the next one...");
+      await pause(MOVE_ON_MS);
+      window.location.replace("/");
+      return;
+    }
+    say(`Not saved: ${answer.error || response.statusText}`, true);
     setBusy(false);
   }
 
@@ -159,11 +176,14 @@
     if (order.length === k) send("rank", order);
   }
 
+  // Through the cards as they stand (placed first), not by slot, and no further than the
+  // ends: a card just placed moves to the top with the focus, and Up from there wrapping to
+  // the bottom card placed one the labeller never meant.
   function moveFocus(step) {
-    const shown = Array.from(list.children); // the cards as they stand, not by slot
+    const shown = Array.from(list.children);
     const now = shown.indexOf(document.activeElement);
-    const next = now < 0 ? (step > 0 ? 0 : shown.length - 1) : (now + step + shown.length) % shown.length;
-    shown[next].focus();
+    const next = now < 0 ? (step > 0 ? 0 : shown.length - 1) : now + step;
+    shown[Math.min(Math.max(next, 0), shown.length - 1)].focus();
   }
 
   // Drag and drop, with pointer events (a mouse, a pen, or a finger on the grip; elsewhere a
@@ -235,6 +255,7 @@
       " ": () => focused >= 0 && toggle(focused),
       Backspace: undo,
       Enter: submitRanking,
+      e: () => send("tie", null),
       x: () => send("bad", null),
       s: () => send("skip", null),
     };
@@ -252,7 +273,10 @@
     });
   }
   for (const card of cards) {
-    card.addEventListener("click", () => suppressClick || toggle(Number(card.dataset.slot)));
+    card.addEventListener("click", (event) => {
+      if (suppressClick || event.target.closest("a")) return; // a link in a response opens
+      toggle(Number(card.dataset.slot));
+    });
     card.addEventListener("pointerdown", (event) => startDrag(card, event));
   }
   if (list) {
@@ -262,12 +286,14 @@
   }
 
   // The keys a focused control uses itself, which no shortcut may take: every key in a text
-  // field, the arrows and Space on a rating, Enter and Space on a button or a link. The
-  // shortcuts have the rest, so a focused button never does something else than it says.
+  // field, the arrows and Space on a rating, Space on a checkbox, Enter and Space on a button
+  // or a link. The shortcuts have the rest, so a focused control never does something else
+  // than it says.
   function ownedBy(target, key) {
     if (target instanceof HTMLInputElement && target.type === "radio") {
       return key === " " || key.startsWith("Arrow");
     }
+    if (target instanceof HTMLInputElement && target.type === "checkbox") return key === " ";
     if (target instanceof HTMLInputElement || target instanceof HTMLTextAreaElement) return true;
     if (target instanceof HTMLSelectElement) return true;
     const opens = target instanceof HTMLElement && target.tagName === "SUMMARY"; // the guidelines
@@ -279,26 +305,62 @@
 
   document.addEventListener("keydown", (event) => {
     if (event.ctrlKey || event.metaKey || event.altKey || event.repeat || sending) return;
+    if (shortcuts.open) return; // the list's own keys: Escape closes it (the dialog's own)
     const target = event.target;
     if (event.key === "Escape" && target instanceof HTMLInputElement) {
       target.blur(); // back to the shortcuts
       return;
     }
     if (ownedBy(target, event.key)) return;
-    const action = k === 2 ? pairKeys[event.key] && (() => choosePair(pairKeys[event.key])) : rankKey(event.key);
+    const pairAction = pairKeys[event.key] && (() => choosePair(pairKeys[event.key]));
+    const action = event.key === "?" ? () => shortcuts.showModal() : k === 2 ? pairAction : rankKey(event.key);
     if (action) {
       event.preventDefault();
       action();
     }
   });
 
-  // The guidelines stay open or folded, as the labeller left them, from one task to the next.
+  document.getElementById("shortcuts-close").addEventListener("click", () => shortcuts.close());
+
+  // The guidelines stay open or folded, and the responses rendered or raw, as the labeller
+  // left them, from one task to the next.
   const guidelines = document.getElementById("guidelines");
   if (guidelines) {
     const KEY = "rlhfkit-guidelines-open";
     guidelines.open = window.localStorage.getItem(KEY) === "1";
     guidelines.addEventListener("toggle", () => window.localStorage.setItem(KEY, guidelines.open ? "1" : "0"));
   }
+  const rawToggle = document.getElementById("raw-toggle");
+  const RAW_KEY = "rlhfkit-raw-text";
+  const showRaw = () => task.classList.toggle("raw", rawToggle.checked);
+  rawToggle.checked = window.localStorage.getItem(RAW_KEY) === "1";
+  showRaw();
+  rawToggle.addEventListener("change", () => {
+    window.localStorage.setItem(RAW_KEY, rawToggle.checked ? "1" : "0");
+    showRaw();
+  });
 
+  // ------------------------------------------------------------- a vote being changed
+  // A task that comes back after "Change my last vote" carries the vote taken back
+  // (`data-previous`: choice, order as display slots best first, rating, flag): its rating,
+  // flag and ranking are filled in again, and the earlier choice is named.
+  function earlierChoice({ choice, order: slots }) {
+    if (choice === "rank" && k === 2) return slots[0] === 0 ? "A is better" : "B is better";
+    if (choice === "rank") return slots.map((slot) => slot + 1).join(" > ");
+    const names = { tie: k === 2 ? "Tie" : "All equally good", bad: k === 2 ? "Both are bad" : "All are bad" };
+    return names[choice] || "Skip";
+  }
+
+  function prefill(previous) {
+    const rating = task.querySelector(`input[name="rating"][value="${Number(previous.rating)}"]`);
+    if (rating) rating.checked = true;
+    if (previous.flag) document.getElementById("flag").value = previous.flag;
+    const slots = previous.order || [];
+    const ranked = slots.length === k && slots.every((slot) => slot >= 0 && slot < k);
+    if (k > 2 && previous.choice === "rank" && ranked) order = [...slots];
+    say(`Your earlier vote: ${earlierChoice(previous)}`);
+  }
+
+  if (task.dataset.previous) prefill(JSON.parse(task.dataset.previous));
   showOrder();
 })();
