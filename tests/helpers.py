@@ -234,3 +234,17 @@ def stopped_and_resumed_equals_straight(trainer, stop_after: int):
     ):
         torch.testing.assert_close(a, b, msg=name)
     return straight, resumed
+
+
+def run_light_command(args: list[str]) -> tuple[int, bool, float, str]:
+    """``rlhfkit <args>`` (`cli.main`) in a fresh interpreter: its exit code, whether it
+    imported torch, the seconds it took and its log (stderr)."""
+    script = (
+        "import sys, time; from rlhfkit.cli import main; started = time.perf_counter(); "
+        f"code = main({args!r}); "
+        "print(code, 'torch' in sys.modules, time.perf_counter() - started)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    code, torch_loaded, seconds = done.stdout.split()[-3:]
+    return int(code), torch_loaded == "True", float(seconds), done.stderr

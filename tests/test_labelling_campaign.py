@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from helpers import write_jsonl
+from helpers import run_light_command, write_jsonl
 from rlhfkit.config import ConfigError
 from rlhfkit.labelling.campaign import Campaign
 from rlhfkit.labelling.export import ExportConfig, export_records, run_export, votes_path
@@ -123,15 +123,12 @@ def test_the_review_queue_holds_disagreements_until_the_admin_decides(store, tmp
 
 def test_label_assign_from_the_command_line_loads_no_ml_library(store):
     store.close()
-    script = (
-        "import sys; from rlhfkit.cli import main; "
-        f"code = main(['label', 'assign', '--db', {str(store.path)!r}, '--labellers', "
-        "'[ann, bob]', '--share', '0.5', '--overlap', '2']); print(code, 'torch' in sys.modules)"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
-    assert done.stdout.split()[-2:] == ["0", "False"], done.stderr[-2000:]
-    assert "ann: 2 tasks" in done.stderr and "2 tasks assigned, each to 2 of 2" in done.stderr
+    code, torch_loaded, _, log = run_light_command(
+        ["label", "assign", "--db", str(store.path), "--labellers", "[ann, bob]",
+         "--share", "0.5", "--overlap", "2"]
+    )  # fmt: skip
+    assert (code, torch_loaded) == (0, False), log[-2000:]
+    assert "ann: 2 tasks" in log and "2 tasks assigned, each to 2 of 2" in log
     again = Store(store.path)
     assert Campaign(again).assigned() == {"ann": 2, "bob": 2}
     assigned = Campaign(again).assignments()

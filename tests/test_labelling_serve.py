@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from helpers import run_light_command
 from rlhfkit.errors import UsageError
 from rlhfkit.labelling.export import export_records
 from rlhfkit.labelling.serve import ServeConfig, admin_token_of
@@ -356,14 +357,9 @@ def test_label_export_loads_no_ml_library_and_exports_a_thousand_votes_at_once(t
     assert len(store.votes()) == 1000
     store.close()
     out = tmp_path / "prefs.jsonl"
-    script = (
-        "import sys, time; from rlhfkit.cli import main; started = time.perf_counter(); "
-        f"code = main(['label', 'export', '--db', {str(db)!r}, '--out', {str(out)!r}]); "
-        "print(code, 'torch' in sys.modules, time.perf_counter() - started)"
+    code, torch_loaded, seconds, log = run_light_command(
+        ["label", "export", "--db", str(db), "--out", str(out)]
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
-    code, torch_loaded, seconds = done.stdout.split()[-3:]
-    assert (code, torch_loaded) == ("0", "False"), done.stderr[-2000:]
-    assert float(seconds) < 2.0
+    assert (code, torch_loaded) == (0, False), log[-2000:]
+    assert seconds < 2.0
     assert len(out.read_text().splitlines()) == 1000
