@@ -321,6 +321,25 @@ def test_the_admin_pauses_and_resumes_the_labelling(client, admin):
     assert 'id="task"' in client.get("/").text
 
 
+def test_the_admin_assigns_tasks_from_the_progress_page(client, admin, db):
+    sign_in(client, "cat")
+    for name in ("ann", "bob"):
+        Store(db).sign_in(name=name)
+    assert "<b>3</b> of 3 tasks are given to no one in particular" in admin.get("/progress").text
+    form = {"share": "100", "overlap": "1", "labeller": ["ann", "bob"]}
+    response = admin.post("/progress/assign", data=form, follow_redirects=False)
+    assert response.status_code == 303
+    assert "<b>0</b> of 3 tasks are given to no one in particular" in admin.get("/progress").text
+    assert client.get("/api/next").json()["task"] is None  # all of them are ann's and bob's
+    bad = admin.post("/progress/assign", data={**form, "share": "150"})
+    assert bad.status_code == 422 and "at most 100" in bad.json()["error"]
+    assert admin.post("/progress/assign", data={**form, "overlap": "x"}).status_code == 422
+    assert client.post("/progress/assign", data=form).status_code == 403
+    answer = admin.post("/api/assign", json={"labellers": ["cat"], "share": 1.0, "overlap": 1})
+    assert answer.json() == {"assigned": {"cat": []}}  # none left to give
+    assert admin.post("/api/assign", json={"labellers": "cat", "share": 1}).status_code == 422
+
+
 def test_the_tasks_page_shows_model_text_inert(client, admin):
     sign_in(client, "ann")
     for task in (1, 2):

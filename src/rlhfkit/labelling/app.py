@@ -236,6 +236,7 @@ class LabellingApp:
         }
         accuracy = await self._call(self.campaign.accuracy, votes)
         assigned = await self._call(self.campaign.assigned)
+        assignments = await self._call(self.campaign.assignments)
         for name, c in labellers.items():
             c["assigned"] = assigned.get(name, 0)
             c["check"] = accuracy.get(name)
@@ -248,6 +249,7 @@ class LabellingApp:
             "paused": await self._call(self.campaign.paused),
             "review": len(await self._call(self.campaign.review_queue, votes)),
             "check_tasks": len(await self._call(self.campaign.gold)),
+            "unassigned": counts["tasks"] - len(assignments),
         }
 
     async def _own_progress(self, labeller: str) -> dict[str, Any]:
@@ -379,6 +381,43 @@ class LabellingApp:
         back = urlsplit(request.headers.get("referer", ""))
         query = f"?{back.query}" if back.path == "/progress/tasks" and back.query else ""
         return RedirectResponse(f"/progress/tasks{query}", status_code=303)
+
+    async def assign_form(self, request: Request) -> Response:
+        """The admin's Assign form of the progress page: a share (in percent) of the tasks
+        given to no one yet, each to `overlap` of the labellers ticked, in turn (what
+        `rlhfkit label assign` does)."""
+        if not self._is_admin(request):
+            return _error("only the admin may assign tasks", 403)
+        form = await request.form()
+        names = [name for name in form.getlist("labeller") if isinstance(name, str)]
+        try:
+            share = _number(form.get("share"), "share", float) / 100
+            overlap = _number(form.get("overlap"), "overlap", int)
+            await self._assign(names, share, overlap)
+        except ValueError as error:
+            return _error(str(error), 422)
+        return RedirectResponse("/progress", status_code=303)
+
+    async def _assign(self, names: list[str], share: float, overlap: int) -> dict[str, list[int]]:
+        if not 0 < share <= 1:
+            raise ValueError(f"share {100 * share:g}%: give a percentage above 0, at most 100")
+        tasks = await self._call(self.campaign.unassigned_share, share, 0)
+        return await self._call(self.campaign.assign_in_turn, tasks, names, overlap)
+
+    async def api_assign(self, request: Request) -> Response:
+        payload = await self._admin_payload(request, "assign tasks")
+        if isinstance(payload, Response):
+            return payload
+        names, share, overlap = (payload.get(k) for k in ("labellers", "share", "overlap"))
+        if not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            return _error("labellers is a list of names", 422)
+        if type(share) not in (int, float) or type(overlap) is not int:
+            return _error("share is a number in (0, 1] and overlap an integer", 422)
+        try:
+            given = await self._assign(names, float(share), overlap)
+        except ValueError as error:
+            return _error(str(error), 422)
+        return JSONResponse({"assigned": {visible(name): ids for name, ids in given.items()}})
 
     async def pause_form(self, request: Request) -> Response:
         """The admin's Pause / Resume button of the progress page."""
@@ -544,6 +583,14 @@ def _task_row_view(row: dict[str, Any], show: Callable[[str], str]) -> dict[str,
     }
 
 
+def _number(text: Any, field: str, kind: type) -> Any:
+    """A form field's number, or a `ValueError` naming the field."""
+    try:
+        return kind(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field} {text!r} is not a number") from None
+
+
 def _numbered(ranking: list[int] | None) -> list[int] | None:
     """Response indices as the numbers a person reads (1 for the first response)."""
     return [i + 1 for i in ranking] if ranking else None
@@ -689,9 +736,11 @@ def _routes(app: LabellingApp) -> list[Route | Mount]:
         Route("/progress/tasks", app.tasks_page),
         Route("/progress/decisions", app.decision_form, methods=["POST"]),
         Route("/progress/pause", app.pause_form, methods=["POST"]),
+        Route("/progress/assign", app.assign_form, methods=["POST"]),
         Route("/api/tasks", app.api_tasks),
         Route("/api/decisions", app.api_decide, methods=["POST"]),
         Route("/api/pause", app.api_pause, methods=["POST"]),
+        Route("/api/assign", app.api_assign, methods=["POST"]),
         Route("/api/login", app.api_login, methods=["POST"]),
         Route("/api/next", app.api_next),
         Route("/api/votes", app.api_vote, methods=["POST"]),
