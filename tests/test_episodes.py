@@ -31,12 +31,15 @@ from rlhfkit.data import (
     pad,
 )
 from rlhfkit.errors import UsageError
+from rlhfkit.evaluation.measures import PolicySamples, episode_figures
 from rlhfkit.experience.episodes import (
+    EPISODE_STATS,
     EpisodeError,
     EpisodeSettings,
     ToolEnv,
     as_environment,
     run_episodes,
+    shown_stats,
 )
 from rlhfkit.experience.generation import GenerationOutput, SamplingConfig
 from rlhfkit.experience.rollout import (
@@ -243,6 +246,8 @@ def test_a_two_turn_episode_in_one_sequence_with_each_position_masked(tokenizer)
     answer = tokenizer("It is 12.")["input_ids"] + [eos]
     assert out.response_mask[1].sum() == len(answer) and not out.env_mask[1].any()
     assert out.stats["turns"].tolist() == [2, 1] and out.stats["tool_calls"].tolist() == [1, 0]
+    assert out.stats["tools"].tolist() == [1, 1]  # offered to each
+    assert set(shown_stats(out.stats)) >= {"tool_calls", "tool_errors/timeout"}
     assert out.stats["truncated"].tolist() == [0, 0] and out.eos_emitted.all()
     assert out.answers == ["So 12.", "It is 12."]
     assert out.completions[0] == [
@@ -464,7 +469,8 @@ def test_episode_statistics_reach_the_metrics(tiny_tokenizer, tiny_model):
     eos_biased(tiny_model, tiny_tokenizer)
     stats = rollout_stats(two_turn_rollout(maker), group_size=2)
     assert 1 <= stats["episode/turns"] <= 2
-    assert stats["episode/tool_calls"] == 0 and "episode/tool_errors/timeout" in stats
+    # no tool figures for an environment without tools, nor the count of tools offered
+    assert not any(key.startswith(("episode/tool", "episode/tools")) for key in stats)
     # the policy's tokens alone are the response's length
     assert stats["response/length"] < stats["response/length"] + stats["episode/env_tokens"]
 
@@ -573,3 +579,18 @@ def test_a_config_without_reward_needs_an_environment(tmp_path):
     with pytest.raises(ValueError, match="max_turns"):
         RLConfig.preset("grpo", environment="m:C", max_turns=0)
     assert RLConfig.preset("grpo", environment="m:C").has_episodes
+
+
+def test_the_results_table_shows_tool_figures_only_for_episodes_with_tools():
+    def samples(tools, calls):
+        stats = {key: torch.zeros(2) for key in EPISODE_STATS}
+        stats |= {"turns": torch.tensor([1.0, 3.0]), "tools": torch.tensor(tools)}
+        stats["tool_calls"] = torch.tensor(calls)
+        return PolicySamples(["p", "p"], ["a", "b"], torch.ones(2), episodes=stats)
+
+    game = episode_figures(samples([0.0, 0.0], [0.0, 0.0]))  # a game: no tools
+    assert game["turns"] == 2.0 and game["turns_se"] == 1.0
+    assert not any(key.startswith("tool") for key in game)
+    for tools, calls in (([1.0, 1.0], [0.0, 0.0]), ([0.0, 0.0], [1.0, 0.0])):  # offered, or counted
+        figures = episode_figures(samples(tools, calls))
+        assert figures["tool_calls"] == sum(calls) / 2 and "tool_errors" in figures

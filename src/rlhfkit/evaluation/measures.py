@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from rlhfkit.data import PairCollator, PromptExample, encode_comparisons, ranked_scores
-from rlhfkit.experience.episodes import EpisodeSettings, transcript
+from rlhfkit.experience.episodes import EpisodeSettings, shown_stats, transcript
 from rlhfkit.experience.generation import SamplingConfig
 from rlhfkit.experience.scorers import (
     EnsembleScorer,
@@ -201,14 +201,15 @@ EPISODE_FIGURES = ("turns", "tool_calls", "tool_errors", "truncated")
 
 
 def episode_figures(samples: PolicySamples) -> dict[str, float | None]:
-    """Turns, tool calls, failed tool calls and the share cut short, per episode, each with
-    its standard error, and the turns of the episodes that succeeded (gold > 0); {} for
-    samples that are no episodes."""
+    """Turns, tool calls and failed tool calls (where the episodes had tools) and the share
+    cut short, per episode, each with its standard error, and the turns of the episodes that
+    succeeded (gold > 0); {} for samples that are no episodes."""
     if samples.episodes is None:
         return {}
     figures: dict[str, float | None] = {}
-    for key in EPISODE_FIGURES:
-        values = samples.episodes[key]
+    shown = shown_stats(samples.episodes)  # no tool figures for episodes without tools
+    for key in (key for key in EPISODE_FIGURES if key in shown):
+        values = shown[key]
         figures[key], figures[f"{key}_se"] = _mean(values), standard_error(values)
     if samples.gold is not None:
         won = samples.episodes["turns"][samples.gold > 0]

@@ -35,7 +35,7 @@ policy's EOS is the template's.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +65,7 @@ from rlhfkit.experience.tools import (
 )
 
 # what each episode did, by name: policy turns, tool calls, failed tool calls (all, and of
-# each kind), 1 where it was cut short, the environment's tokens
+# each kind), 1 where it was cut short, the environment's tokens, the tools it was offered
 EPISODE_STATS = (
     "turns",
     "tool_calls",
@@ -73,7 +73,20 @@ EPISODE_STATS = (
     *(f"tool_errors/{kind}" for kind in ERROR_KINDS),
     "truncated",
     "env_tokens",
+    "tools",
 )
+
+
+def shown_stats(stats: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The episode statistics a person reads (the metrics, the results table): the tool
+    figures only where the episodes had tools (offered, or calls their environment counted),
+    and not the number of tools itself."""
+    tools = any(bool(stats[k].any()) for k in ("tools", "tool_calls", "tool_errors") if k in stats)
+    return {
+        key: values
+        for key, values in stats.items()
+        if key != "tools" and (tools or not key.startswith("tool_"))
+    }
 
 
 class EpisodeError(RunError):
@@ -260,13 +273,14 @@ def run_episodes(
 def _start(factory, starts: PromptColumns, seeds, tokenizer, settings) -> list[Episode]:
     """A fresh environment for each row of ``starts``, reset with its seed, and the ids of
     the prompt it gives, with the tools it names shown; one tokenisation per set of tools."""
-    shown, tools_of = [], []
+    shown, tools_of, offered_tools = [], [], []
     templated = template_takes_tools(tokenizer)
     for row, (prompt, seed) in enumerate(zip(starts.prompts, seeds, strict=True)):
         env = factory()
         options = {"prompt": prompt, **{k: v[row] for k, v in starts.columns.items()}}
         observation, _ = _call(env.reset, prompt, seed=seed, options=options)
         tools = list(getattr(env, "tools", None) or [])
+        offered_tools.append(len(tools))
         if tools:
             if isinstance(observation, str):
                 observation = [{"role": "user", "content": observation}]
@@ -283,9 +297,12 @@ def _start(factory, starts: PromptColumns, seeds, tokenizer, settings) -> list[E
         encoded, _ = encode_prompts(records, tokenizer, settings.max_prompt_length, tools=schemas)
         for i, row_ids in zip(rows, encoded, strict=True):
             ids[i] = row_ids
-    return [
+    episodes = [
         Episode(env, observation, row) for (env, observation), row in zip(shown, ids, strict=True)
     ]
+    for episode, offered in zip(episodes, offered_tools, strict=True):
+        episode.stats["tools"] = offered
+    return episodes
 
 
 def _with_system(messages: list[Message], text: str) -> list[Message]:

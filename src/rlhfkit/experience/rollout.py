@@ -35,7 +35,12 @@ from torch import nn
 
 from rlhfkit.data import PromptColumns
 from rlhfkit.errors import NonFiniteError
-from rlhfkit.experience.episodes import EpisodeOutput, EpisodeSettings, run_episodes
+from rlhfkit.experience.episodes import (
+    EpisodeOutput,
+    EpisodeSettings,
+    run_episodes,
+    shown_stats,
+)
 from rlhfkit.experience.generation import GenerationOutput, SamplingConfig, generate
 from rlhfkit.experience.rewards import RunningMoments, ScoreOptions, process_scores, shape_rewards
 from rlhfkit.experience.scorers import ScoreInput, Scorer
@@ -813,7 +818,7 @@ def rollout_stats(rollout: Rollout, group_size: int = 1) -> dict[str, float]:
         "response/eos_rate": rollout.eos_emitted.float().mean().item(),
         **{f"time/{phase}": seconds for phase, seconds in rollout.timings.items()},
     }
-    for key, values in rollout.episode_stats.items():
+    for key, values in shown_stats(rollout.episode_stats).items():
         stats[f"episode/{key}"] = values.float().mean().item()
     for key, scores in rollout.score_parts.items():
         stats[f"score/{key}/mean"] = scores.float().mean().item()
