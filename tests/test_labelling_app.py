@@ -340,6 +340,29 @@ def test_the_admin_assigns_tasks_from_the_progress_page(client, admin, db):
     assert admin.post("/api/assign", json={"labellers": "cat", "share": 1}).status_code == 422
 
 
+def test_the_tasks_page_lists_a_large_campaign_a_page_at_a_time(tmp_path):
+    store = Store(tmp_path / "big.db", create=True)
+    store.add_tasks([(f"Prompt {i}", [f"a{i}", f"b{i}"]) for i in range(120)])
+    store.sign_in(name="ann")
+    while (shown := store.next_task("ann", 1)) is not None:
+        store.record_vote("ann", str(uuid.uuid4()), shown.task.id, "tie")
+    store.close()
+    app = create_app(tmp_path / "big.db", admin_token=ADMIN)
+    with TestClient(app, base_url=LOCAL) as admin:
+        admin.post("/api/login", json={"token": ADMIN})
+        page = admin.get("/progress/tasks").text
+        assert page.count('class="task-row') == 50 and "Tasks 1 to 50 of <b>120</b>" in page
+        assert 'href="/progress/tasks?labeller=&amp;show=all&amp;page=2" rel="next"' in page
+        last = admin.get("/progress/tasks?labeller=ann&show=all&page=3").text
+        assert last.count('class="task-row') == 20 and "Tasks 101 to 120 of <b>120</b>" in last
+        assert 'rel="next"' not in last and 'page=2" rel="prev"' in last
+        answer = admin.get("/api/tasks?page=3").json()
+        assert (len(answer["tasks"]), answer["page"], answer["pages"], answer["total"]) == (
+            20, 3, 3, 120,
+        )  # fmt: skip
+        assert admin.get("/api/tasks?page=0").status_code == 422
+
+
 def test_the_tasks_page_shows_model_text_inert(client, admin):
     sign_in(client, "ann")
     for task in (1, 2):

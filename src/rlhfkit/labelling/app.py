@@ -70,6 +70,7 @@ from rlhfkit.labelling.guidelines import render_response
 from rlhfkit.labelling.store import CHOICES, LoginError, Shown, Store, Vote, VoteError
 
 COOKIE_DAYS = 30
+TASKS_PER_PAGE = 50  # the admin's tasks page
 MAX_BODY = 64 * 1024
 
 SECURITY_HEADERS = [
@@ -339,24 +340,42 @@ class LabellingApp:
     # ------------------------------------------------------------------ the admin's steering
     async def tasks_page(self, request: Request) -> Response:
         """The admin's list of tasks with every vote, filtered by labeller and by what the
-        lead looks for (`campaign.TASK_FILTERS`), each with the form of a decision."""
+        lead looks for (`campaign.TASK_FILTERS`), `TASKS_PER_PAGE` at a time, each with the
+        form of a decision."""
         if not self._is_admin(request):
             return RedirectResponse("/login", status_code=303)
+        listed = await self._listed_tasks(request, str)
+        if isinstance(listed, Response):
+            return listed
+        names = await self._call(self.store.labellers)
+        return self._page(
+            request, "tasks.html", admin=True, names=list(names), filters=TASK_FILTERS, **listed
+        )
+
+    async def _listed_tasks(
+        self, request: Request, show_text: Callable[[str], str]
+    ) -> dict[str, Any] | Response:
+        """The page of tasks the query asks for (``labeller``, ``show``, ``page`` from 1):
+        its rows, the choices and the counts; or the error response naming a bad one."""
         labeller = request.query_params.get("labeller") or None
         show = request.query_params.get("show", "all")
         if show not in TASK_FILTERS:
             return _error(f"show={show!r}: expected one of {', '.join(TASK_FILTERS)}", 422)
+        page = request.query_params.get("page", "1")
+        if not page.isdigit() or int(page) < 1:
+            return _error(f"page={page!r}: expected a page number from 1", 422)
         rows = await self._call(self.campaign.task_rows, labeller, show)
-        names = await self._call(self.store.labellers)
-        return self._page(
-            request,
-            "tasks.html",
-            admin=True,
-            rows=[_task_row_view(row, str) for row in rows],
-            names=list(names),
-            chosen={"labeller": labeller, "show": show},
-            filters=TASK_FILTERS,
-        )
+        first = (int(page) - 1) * TASKS_PER_PAGE
+        return {
+            "rows": [
+                _task_row_view(row, show_text) for row in rows[first : first + TASKS_PER_PAGE]
+            ],
+            "chosen": {"labeller": labeller, "show": show},
+            "page": int(page),
+            "pages": max(-(-len(rows) // TASKS_PER_PAGE), 1),
+            "total": len(rows),
+            "first": first + 1,
+        }
 
     async def decision_form(self, request: Request) -> Response:
         """The admin's decision on a task, from the tasks page: a ranking written as response
@@ -430,12 +449,11 @@ class LabellingApp:
     async def api_tasks(self, request: Request) -> Response:
         if not self._is_admin(request):
             return _error("only the admin sees every task's votes", 403)
-        show = request.query_params.get("show", "all")
-        if show not in TASK_FILTERS:
-            return _error(f"show={show!r}: expected one of {', '.join(TASK_FILTERS)}", 422)
-        labeller = request.query_params.get("labeller") or None
-        rows = await self._call(self.campaign.task_rows, labeller, show)
-        return JSONResponse({"tasks": [_task_row_view(row, visible) for row in rows]})
+        listed = await self._listed_tasks(request, visible)
+        if isinstance(listed, Response):
+            return listed
+        counts = {key: listed[key] for key in ("page", "pages", "total")}
+        return JSONResponse({"tasks": listed["rows"], **counts})
 
     async def _admin_payload(self, request: Request, doing: str) -> dict[str, Any] | Response:
         """The JSON object the admin sent, or the error response: 403 for anyone else."""
