@@ -1,9 +1,11 @@
 """The labelling web app (Starlette, Jinja2 templates with autoescape): pages and a JSON API.
 
-Pages, rendered on the server: `/login`, `/` (the next task, or "nothing left"), `/progress`
-(by role, below), `/guidelines` (when `serve` was given some; the task page shows them too,
-folded); their forms POST to `/login`, `/logout`, `/reopen` ("Change my last vote")
-and `/progress/labellers` (the admin's Disable and Enable).
+Pages, rendered on the server: `/login`, `/` (the next task, "nothing left" or "paused"),
+`/progress` (by role, below), `/progress/tasks` (the admin's tasks and votes), `/guidelines`
+(when `serve` was given some; the task page shows them too, folded); their forms POST to
+`/login`, `/logout`, `/reopen` ("Change my last vote") and the admin's
+`/progress/labellers` (Disable, Enable), `/progress/pause`, `/progress/assign` and
+`/progress/decisions`.
 The page's script (`static/label.js`) adds the keyboard, the ranking by clicks, and sends the
 vote to the API with the UUID it made when the page was shown, retrying on a lost connection
 with the same UUID; after a vote it loads `/` again for the next task. The API, which the
@@ -19,15 +21,23 @@ load test also drives:
                       (the labeller's latest vote is kept aside, `Store.replaced_votes`; its
                       task is their next again, with that vote as the task's `previous`)
     GET  /api/progress    a labeller: their own counts; the admin: every labeller's, agreement
+    the admin's (`campaign.py`):
+    GET  /api/tasks?labeller=&show=all|review|flagged|gold|decided&page=
+                                                           -> {"tasks", "page", "pages", "total"}
+    POST /api/decisions {"task", "choice": "rank" | "tie" | "bad" | "discard", "ranking":
+                       [response indices best first] (rank), "note", "gold": bool} -> {"decision"}
+    POST /api/pause   {"paused": bool}                      -> {"paused"}
+    POST /api/assign  {"labellers": [...], "share": (0, 1], "overlap": n} -> {"assigned"}
 
 Roles: a labeller sees their own progress only, never another's votes, names or counts (the
 live agreement would tell them how the others voted on the tasks they share). The admin
-(the organiser, signed in with the token `serve` prints at each start; it is held in memory,
-never stored) sees the progress of all, the agreement and the votes per labeller, and can
-disable a labeller (`POST /progress/labellers`, a form of the progress page). The admin does
-not label.
+(the organiser, signed in with the token `serve` prints at each start, or keeps in
+`--admin_token_file`; the app holds it in memory, never in the database) sees the progress of
+all, the agreement and every vote, and steers the campaign: disables a labeller, pauses,
+assigns tasks, decides the tasks under review. The admin does not label.
 
-Model text is shown as text: Jinja2 escapes every value, `display` makes control and bidi
+Model text is shown safely: Jinja2 escapes every value, a response's Markdown is rendered by
+the guidelines' safe renderer (raw HTML stays text), `display` makes control and bidi
 characters visible (in the JSON too), the script sets only `textContent`, and the
 Content-Security-Policy allows no inline script, so even a missed escape could not run one.
 POSTs must come from the app's own origin (the Origin header, when a browser sends one) and
