@@ -14,8 +14,10 @@ file is a backup. What keeps votes safe:
   can only vote on a task they were shown, and never overwrites anyone else's row.
 
 Which task a labeller gets next (`next_task`): the one they were shown and have not answered
-yet, else a task never shown to them that has fewer than `labels_per_task` votes (skips do not
-count). Tasks that others are already working on come first, so that tasks reach their quota
+yet (one they took back to change first), else a task never shown to them that has fewer than
+`labels_per_task` votes, or the task's own overlap (skips do not count); a task assigned to
+named labellers goes to them only, a check task (gold) to everyone once, and a paused campaign
+gives no new task (`campaign.py` steers these). Tasks that others are already working on come first, so that tasks reach their quota
 one after the other; a task shown to someone who has not answered for `LEASE_SECONDS` no
 longer counts as being worked on. When every open task is taken, the labeller still gets one
 (an extra vote is harmless, an idle labeller is not). The order of the responses is shuffled
