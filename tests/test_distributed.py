@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -288,6 +289,60 @@ def test_sigterm_to_the_launcher_stops_both_processes_at_one_step_with_a_checkpo
     assert "resumed from" in _run(2, "ppo", stopped, tmp_path).stderr
     _assert_same_weights(tmp_path / "straight", tmp_path / "stopped", atol=0.0)
     assert _steps(tmp_path / "stopped") == list(range(1, 13))
+
+
+def _two_nodes(stage: str, args: list[str], cwd: Path) -> list[subprocess.Popen]:
+    """``stage`` on two nodes of one process each, as a cluster of two machines runs it: two
+    torchrun launchers (``--nnodes 2``) meeting at a c10d rendezvous, here both on localhost."""
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id=r{port}"]  # fmt: skip
+    command = [*launcher, "-m", "rlhfkit.cli", stage, *args, *QUIET]
+    return [
+        subprocess.Popen(
+            command, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )  # fmt: skip
+        for _ in range(2)
+    ]
+
+
+def _finished(launchers: list[subprocess.Popen]) -> list[int]:
+    """Each launcher's exit code, once all have ended; the output of one that failed."""
+    codes = [launcher.wait(300) for launcher in launchers]
+    for launcher, code in zip(launchers, codes, strict=True):
+        assert code == 0, launcher.stdout.read()[-4000:]
+    return codes
+
+
+@pytest.mark.parametrize("stage", ["sft", "rm", "dpo", "grpo", "ppo"])
+def test_two_nodes_train_as_one_node_of_two_processes(stage, model, data, tmp_path):
+    if stage in ("grpo", "ppo"):
+        args = [*_rl_args(stage, model, data), "--max_steps", "2", "--batch_size", "4"]
+    else:
+        args = _stage_args(stage, model, data, 4)
+    _run(2, stage, [*args, "--output_dir", "one_node"], tmp_path)
+    _finished(_two_nodes(stage, [*args, "--output_dir", "two_nodes"], tmp_path))
+    _assert_same_weights(tmp_path / "one_node", tmp_path / "two_nodes", atol=0.0)
+
+
+def test_a_node_whose_launcher_is_killed_stops_both_and_a_restart_resumes_exactly(
+    model, data, tmp_path
+):
+    args = [*_rl_args("ppo", model, data), "--max_steps", "4", "--save_every", "1",
+            "--batch_size", "4", "--top_k", "0"]  # fmt: skip
+    _run(2, "ppo", [*args, "--output_dir", "straight"], tmp_path)
+    resumed = [*args, "--output_dir", "nodes", "--resume", "true"]
+    first, second = _two_nodes("ppo", resumed, tmp_path)
+    checkpoint, deadline = tmp_path / "nodes" / "checkpoint-2", time.monotonic() + 240
+    while not checkpoint.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    second.kill()  # kill -9 of one machine's launcher; its worker and the other node go on
+    assert first.wait(120) != 0 and second.wait(30) != 0  # both stop, neither trains on
+    assert not (tmp_path / "nodes" / "final").exists()
+    _finished(_two_nodes("ppo", resumed, tmp_path))
+    _assert_same_weights(tmp_path / "straight", tmp_path / "nodes", atol=0.0)
 
 
 def test_a_checkpoint_resumes_only_on_the_launch_that_wrote_it(model, data, tmp_path):
