@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("ppo", "grpo", "dpo", "sft")
 
 
-@pytest.mark.slow
-def test_rlhfkit_side_of_the_gpu_bench_runs_every_workload(tmp_path):
+def run_all(tmp_path, **settings) -> subprocess.CompletedProcess:
+    """``run_all.sh`` on the ``--smoke`` shape, rlhfkit's side, as a GPU session calls it."""
     env = {
         **os.environ,
         "SMOKE": "1",
@@ -25,6 +25,7 @@ def test_rlhfkit_side_of_the_gpu_bench_runs_every_workload(tmp_path):
         "RESULTS": str(tmp_path / "results"),
         "ASSETS": "",
         "TMPDIR": str(tmp_path),
+        **settings,
     }
     env.pop("OUT", None)
     done = subprocess.run(
@@ -36,6 +37,12 @@ def test_rlhfkit_side_of_the_gpu_bench_runs_every_workload(tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+@pytest.mark.slow
+def test_rlhfkit_side_of_the_gpu_bench_runs_every_workload(tmp_path):
+    done = run_all(tmp_path)
     assert "FAILED" not in done.stdout, done.stdout
     for workload in WORKLOADS:
         result = json.loads((tmp_path / "results" / f"rlhfkit_{workload}.json").read_text())
@@ -46,3 +53,11 @@ def test_rlhfkit_side_of_the_gpu_bench_runs_every_workload(tmp_path):
             assert result["response_length_mean"] == result["response_length_expected"]
     summary = (tmp_path / "results" / "summary.md").read_text()
     assert all(f"| {workload} |" in summary for workload in WORKLOADS)
+
+
+def test_a_bench_that_would_overrun_the_budget_is_skipped_and_said(tmp_path):
+    done = run_all(tmp_path, BUDGET="1", WORKLOADS="ppo sft")
+    assert "== rlhfkit ppo: skipped, it might not end within BUDGET=1s" in done.stdout
+    assert "== rlhfkit sft: skipped" in done.stdout
+    assert not (tmp_path / "results" / "rlhfkit_ppo.json").exists()
+    assert (tmp_path / "results" / "summary.md").is_file()  # written all the same

@@ -11,9 +11,15 @@
 #
 # Optional: RESULTS (working folder; default /tmp/gpu-bench-results), ASSETS (reuse prepared
 # assets), WORKLOADS ("ppo grpo dpo sft"), LIBS ("rlhfkit trl"), SMOKE=1 (tiny model, CPU
-# test), BENCH_TIMEOUT (seconds per bench, default 240), PYTHON (default python3), and
+# test), BENCH_TIMEOUT (seconds per bench, default 240), BUDGET (seconds for the whole script,
+# default none: a bench that could not finish within it is skipped, and said so, so that a
+# device call's time limit never cuts a run short with nothing written), CUDA_TESTS=1 (first
+# `pytest -m cuda`, its last lines in cuda_tests.log), PYTHON (default python3), and
 # RLHFKIT_PYTHON, TRL112_PYTHON, TRL116_PYTHON: separate interpreters instead of PYTHONPATH
 # folders (as for the CPU smoke test).
+#
+# In order of value: the CUDA tests, then each workload's two libraries one after the other
+# (PPO first), so that a budget that runs out still leaves whole rlhfkit / TRL ratios.
 # Writes <lib>_<workload>.json / .log, assets.log, env.txt, results.json (all results) and
 # summary.md in RESULTS; with OUT set (the device machine's return folder, which takes back
 # at most 8 files) it copies summary.md, results.json and gpu-bench.tar.gz (everything) there.
@@ -29,6 +35,7 @@ T116_PY=${TRL116_PYTHON:-$PYTHON}
 WORKLOADS=${WORKLOADS:-ppo grpo dpo sft}
 LIBS=${LIBS:-rlhfkit trl}
 TIMEOUT=${BENCH_TIMEOUT:-240}
+BUDGET=${BUDGET:-0}
 SMOKE_FLAG=""
 [ "${SMOKE:-0}" = "1" ] && SMOKE_FLAG="--smoke"
 mkdir -p "$RES"
@@ -54,9 +61,29 @@ if [ -z "$ASSETS" ]; then
   fi
 fi
 
-# 2. One bench in its own process: run_bench LIB WORKLOAD PYTHON PYTHONPATH SCRIPT
+# Whether a step that may take $1 seconds still fits in BUDGET (always, without one).
+fits() {
+  [ "$BUDGET" -le 0 ] || [ $(($(date +%s) - START + $1)) -le "$BUDGET" ]
+}
+
+# 2. The tests that need CUDA.
+if [ "${CUDA_TESTS:-0}" = "1" ]; then
+  if fits 300; then
+    echo "== pytest -m cuda"
+    timeout 300 "$RK_PY" -m pytest -m cuda -q -p no:warnings tests > "$RES/cuda_tests.log" 2>&1
+    echo "   exit $?: $(tail -1 "$RES/cuda_tests.log")"
+  else
+    echo "== pytest -m cuda: skipped, over BUDGET"
+  fi
+fi
+
+# 3. One bench in its own process: run_bench LIB WORKLOAD PYTHON PYTHONPATH SCRIPT
 run_bench() {
   local lib=$1 workload=$2 py=$3 path=$4 script=$5 t0=$SECONDS
+  if ! fits "$TIMEOUT"; then
+    echo "== $lib $workload: skipped, it might not end within BUDGET=${BUDGET}s"
+    return
+  fi
   echo "== $lib $workload"
   rm -f "$RES/${lib}_${workload}.json"  # no stale result from an earlier run
   PYTHONPATH="${path:+$path:}${PYTHONPATH:-}" timeout "$TIMEOUT" "$py" "$HERE/$script" --workload "$workload" \
@@ -72,23 +99,20 @@ run_bench() {
   echo "   ($((SECONDS - t0)) s wall)"
 }
 
-if [[ " $LIBS " == *" rlhfkit "* ]]; then
-  T_RK=$SECONDS
-  for w in $WORKLOADS; do run_bench rlhfkit "$w" "$RK_PY" "" rlhfkit_bench.py; done
-  echo "== rlhfkit benches: $((SECONDS - T_RK)) s"
-fi
-
-if [[ " $LIBS " == *" trl "* ]]; then
-  T_TRL=$SECONDS
-  for w in $WORKLOADS; do
+T_BENCH=$SECONDS
+for w in $WORKLOADS; do
+  if [[ " $LIBS " == *" rlhfkit "* ]]; then
+    run_bench rlhfkit "$w" "$RK_PY" "" rlhfkit_bench.py
+  fi
+  if [[ " $LIBS " == *" trl "* ]]; then
     if [ "$w" = ppo ]; then
       run_bench trl ppo "$T112_PY" "${TRL112_PATH:-}" trl_bench.py
     else
       run_bench trl "$w" "$T116_PY" "${TRL116_PATH:-}" trl_bench.py
     fi
-  done
-  echo "== TRL benches: $((SECONDS - T_TRL)) s"
-fi
+  fi
+done
+echo "== benches: $((SECONDS - T_BENCH)) s"
 
 echo
 "$RK_PY" $HERE/summarize.py "$RES"
