@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlhfkit.labelling.agreement import pair_labels
-from rlhfkit.labelling.store import Store, Task, Vote, VoteError, is_paused
+from rlhfkit.labelling.store import Store, Vote, VoteError, is_paused
 
 DECISIONS = ("rank", "tie", "bad", "discard")
 # What the admin's task list can show: every task, or those a lead looks for.
@@ -52,9 +52,10 @@ class Decision:
         return {"choice": self.choice, "ranking": self.ranking, "note": self.note}
 
 
-def gold_vote(task: Task, ranking: list[int]) -> Vote:
-    """The gold answer of a check task as a vote, to compare labellers' votes with."""
-    return Vote("gold", task.id, "gold", task.k, "rank", ranking, None, None, 0.0)
+def gold_vote(task_id: int, ranking: list[int]) -> Vote:
+    """The gold answer (``ranking`` of every response) of check task ``task_id`` as a vote, to
+    compare labellers' votes with."""
+    return Vote("gold", task_id, "gold", len(ranking), "rank", ranking, None, None, 0.0)
 
 
 def disagree(votes: Sequence[Vote]) -> bool:
@@ -160,16 +161,17 @@ class Campaign:
         """Each labeller's agreement with the check tasks' gold: the pairwise judgments they
         made on them (`judgments`), how many match the gold (`correct`), the share
         (`accuracy`) and the check tasks they judged (`tasks`)."""
-        gold, tasks = self.gold(), self.store.tasks()
+        truths = {
+            task: pair_labels(gold_vote(task, ranking)) for task, ranking in self.gold().items()
+        }
         votes = self.store.votes() if votes is None else votes
         scores: dict[str, dict[str, Any]] = defaultdict(
             lambda: {"tasks": 0, "judgments": 0, "correct": 0}
         )
         for vote in votes:
-            if vote.task_id not in gold or vote.choice == "skip":
+            if vote.task_id not in truths or vote.choice == "skip":
                 continue
-            truth = pair_labels(gold_vote(tasks[vote.task_id], gold[vote.task_id]))
-            said = pair_labels(vote)
+            truth, said = truths[vote.task_id], pair_labels(vote)
             score = scores[vote.labeller]
             score["tasks"] += 1
             score["judgments"] += len(said)

@@ -715,14 +715,14 @@ SELECT
         (SELECT 1 FROM votes v WHERE v.task_id = s.task_id AND v.labeller = s.labeller))
 """
 
+_VOTE_COLUMNS = "v.id, v.task_id, v.labeller, v.choice, v.ranking, v.rating, v.flag, v.created, t.k"
 _VOTES = (
-    "SELECT v.id, v.task_id, v.labeller, v.choice, v.ranking, v.rating, v.flag, v.created, t.k, "
-    "v.created - s.shown_at AS seconds FROM votes v JOIN tasks t ON t.id = v.task_id "
+    f"SELECT {_VOTE_COLUMNS}, v.created - s.shown_at AS seconds FROM votes v "
+    "JOIN tasks t ON t.id = v.task_id "
     "LEFT JOIN shown s ON s.task_id = v.task_id AND s.labeller = v.labeller"
 )
 _REPLACED = (
-    "SELECT v.id, v.task_id, v.labeller, v.choice, v.ranking, v.rating, v.flag, v.created, t.k, "
-    "v.replaced FROM replaced_votes v JOIN tasks t ON t.id = v.task_id"
+    f"SELECT {_VOTE_COLUMNS}, v.replaced FROM replaced_votes v JOIN tasks t ON t.id = v.task_id"
 )
 _VOTE_BY_ID = _VOTES + " WHERE v.id = ?"
 

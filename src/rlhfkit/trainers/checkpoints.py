@@ -167,6 +167,11 @@ class Checkpoints:
         logger.info("saved checkpoint %s", path)
         return path
 
+    def save_if_new(self) -> None:
+        """Write a checkpoint of this step unless this run already wrote or resumed from one."""
+        if self.saved_at != self.trainer.state.step:
+            self.save()
+
     def trained_models(self, copies: dict[str, nn.Module]) -> dict[str, nn.Module]:
         """Each learner's model by name, unwrapped (with FSDP: its whole copy in ``copies``)."""
         t = self.trainer

@@ -417,8 +417,7 @@ class Trainer:
             with sigterm_deferred() as asked:
                 self._run_steps(target, asked)
             if self.state.step < self.state.total_steps:  # stopped early: resumable from here
-                if self.checkpoints.saved_at != self.state.step:
-                    self.checkpoints.save()
+                self.checkpoints.save_if_new()
             else:
                 self._finish()
         except BaseException:
@@ -514,8 +513,8 @@ class Trainer:
     def _stopped_here(self) -> str:
         """Write a checkpoint of this step unless there is one; the message of the stop."""
         step, total = self.state.step, self.state.total_steps
-        if self.checkpoints.saved_at != step and step > 0:
-            self.checkpoints.save()
+        if step > 0:
+            self.checkpoints.save_if_new()
         latest = ckpt.latest_checkpoint(self.output_dir)
         if latest is None:
             return f"stopped by SIGTERM at step {step} of {total}, before any checkpoint"
@@ -689,8 +688,7 @@ class Trainer:
         """Final evaluation, last checkpoint, `final/` with the complete marker, curves."""
         if self.state.evaluated_at != self.state.step:
             self.best.keep_if_best(self.state, self.run_evaluation())
-        if self.checkpoints.saved_at != self.state.step:
-            self.checkpoints.save()
+        self.checkpoints.save_if_new()
         self.on_train_end()
         self.state.complete = True
         best = self.state.best_step

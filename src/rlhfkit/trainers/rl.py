@@ -468,10 +468,7 @@ class RLTrainer(Trainer):
     @property
     def trainable(self) -> nn.ModuleDict:
         """The trained models by name: the policy, and the separate critic if there is one."""
-        critic = self.models.critic
-        return nn.ModuleDict(
-            {"policy": self.models.policy, **({"critic": critic} if critic else {})}
-        )
+        return nn.ModuleDict(self.checkpoints.trained_models({}))
 
     def save_model(self, path: Path) -> None:
         """The policy with the tokenizer in ``path``; the critic in ``path/critic``, or the
