@@ -25,6 +25,11 @@ memory and each variant's time over the bare loop's, then the command.
 
     python benchmarks/bench_generation.py                 # on a GPU
     python benchmarks/bench_generation.py --smoke         # a tiny model, on any machine
+
+``--model DIR`` takes any causal LM saved on disk instead (the GPU benchmark's 0.5B-class
+assets, ``benchmarks/gpu/workloads.py``), with ``--prompt-tokens 48,48 --batch 128
+--new-tokens 256`` for GRPO's sampling there; ``--variants`` picks which to time. On a CPU the
+bare loop runs its steps one by one, without the graph (for tests).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import sys
 import time
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, StaticCache
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, StaticCache
 
 from rlhfkit.data import pad
 from rlhfkit.experience.generation import SamplingConfig, generate
@@ -88,7 +93,7 @@ class BareLoop:
         self.opening.copy_(self.opening.roll(1, -1))
 
     def __call__(self) -> torch.Tensor:
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+        with torch.autocast(self.query.device.type, dtype=torch.bfloat16, cache_enabled=False):
             return self._run()
 
     def _run(self) -> torch.Tensor:
@@ -115,6 +120,11 @@ class BareLoop:
         self.opening = torch.zeros_like(self.visible)
         self.opening[..., width] = True
         tokens = [self.token.clone()]
+        if self.query.device.type != "cuda":  # no graph: the same steps, one by one
+            for _ in range(self.new_tokens - 1):
+                self._step()
+                tokens.append(self.token.clone())
+            return torch.cat(tokens, 1)
         saved = [t.clone() for t in (self.token, self.position, self.opening)]
         lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
         graph = torch.cuda.CUDAGraph()
@@ -148,27 +158,50 @@ def _time(fn, device, warmup: int, repeats: int) -> list[float]:
     return times
 
 
-def main(argv: list[str] | None = None) -> None:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", help="a causal LM's folder (default: GPT-2-124M's shape)")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompt-tokens", default="24,48", help="LO,HI prompt lengths")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model, 2 runs, any device")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown --variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    if args.smoke:
+        args.batch, args.new_tokens, args.repeats, args.warmup = 4, 8, 2, 1
+    return args
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+def _model(args):
+    """The model to sample from: ``--model``, or GPT-2's shape with random weights."""
+    if args.model:
+        return AutoModelForCausalLM.from_pretrained(args.model, attn_implementation="sdpa")
     config = GPT2Config(attn_implementation="sdpa")
     if args.smoke:
         config = GPT2Config(
             n_layer=2, n_head=2, n_embd=64, vocab_size=512, attn_implementation="sdpa"
         )
-        args.batch, args.new_tokens, args.repeats, args.warmup = 4, 8, 2, 1
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(config).to(device).eval()
+    return GPT2LMHeadModel(config)
+
+
+VARIANTS = ("rlhfkit", "rlhfkit-dynamic", "hf-generate", "bare", "bare-bf16-weights")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _arguments(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = _model(args).to(device).eval()
+    config = model.config
     eos, pad_id = config.vocab_size - 1, 0  # the random model samples id vocab-1 with p ~ 1/V
-    prompts = _prompts(args.batch, config.vocab_size, 24, 48)
+    lo, hi = (int(n) for n in args.prompt_tokens.split(","))
+    prompts = _prompts(args.batch, config.vocab_size, lo, hi)
     query, query_mask = (x.to(device) for x in pad(prompts, pad_id, side="left"))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
@@ -198,15 +231,18 @@ def main(argv: list[str] | None = None) -> None:
                 top_k=0,
             )
 
-    variants = {
-        "rlhfkit": ours("auto"),
-        "rlhfkit-dynamic": ours("dynamic"),
-        "hf-generate": hf_generate,
-    }
-    if device.type == "cuda":
-        variants["bare"] = BareLoop(model, query, query_mask, args.new_tokens, 1.0)
+    def bare_bf16():
         bf16 = copy.deepcopy(model).to(torch.bfloat16)
-        variants["bare-bf16-weights"] = BareLoop(bf16, query, query_mask, args.new_tokens, 1.0)
+        return BareLoop(bf16, query, query_mask, args.new_tokens, 1.0)
+
+    makers = {
+        "rlhfkit": lambda: ours("auto"),
+        "rlhfkit-dynamic": lambda: ours("dynamic"),
+        "hf-generate": lambda: hf_generate,
+        "bare": lambda: BareLoop(model, query, query_mask, args.new_tokens, 1.0),
+        "bare-bf16-weights": bare_bf16,
+    }
+    variants = {name: makers[name]() for name in args.variants.split(",")}
 
     results = {}
     for name, fn in variants.items():
@@ -223,10 +259,12 @@ def main(argv: list[str] | None = None) -> None:
             if device.type == "cuda"
             else None,
         }
-    floor = results.get("bare", results["rlhfkit"])["seconds"]
+    floor = results.get("bare", next(iter(results.values())))["seconds"]
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     print(
-        f"device: {device_name}; torch {torch.__version__}; batch {args.batch} x {args.new_tokens} new tokens"
+        f"device: {device_name}; torch {torch.__version__}; {config.model_type}"
+        f" {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters; batch"
+        f" {args.batch} x {args.new_tokens} new tokens after {args.prompt_tokens} prompt tokens"
     )
     print(
         f"{'variant':<16} {'s/call':>8} {'tok/s':>10} {'ms/step':>8} {'peak GiB':>9} {'x bare':>7}"
@@ -239,10 +277,19 @@ def main(argv: list[str] | None = None) -> None:
         )
     command = shlex.join([sys.executable, *sys.argv])
     print(f"command: {command}")
-    print("RESULT " + json.dumps({"device": device_name, "variants": results}))
+    record = {
+        "device": device_name,
+        "model": args.model or "gpt2-124m-shape",
+        "params": sum(p.numel() for p in model.parameters()),
+        "batch": args.batch,
+        "prompt_tokens": args.prompt_tokens,
+        "new_tokens": args.new_tokens,
+        "variants": results,
+    }
+    print("RESULT " + json.dumps(record))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device_name, "command": command, "variants": results}, f, indent=1)
+            json.dump(record | {"command": command}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -73,12 +73,12 @@ def logged_steps(metrics: Path) -> tuple[list[dict], list[float]]:
 
 def scored_head_from_seqcls(path: Path, cls):
     """rlhfkit's scalar-head model ``cls`` (``RewardModel`` / ``ValueModel``) holding the weights
-    of a GPT2ForSequenceClassification (num_labels=1; its score layer has no bias)."""
+    of a ``...ForSequenceClassification`` (num_labels=1; its score layer has no bias)."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
     seqcls = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
-    model = cls(seqcls.transformer)
+    model = cls(seqcls.base_model)
     with torch.no_grad():
         model.score.weight.copy_(seqcls.score.weight)
         model.score.bias.zero_()

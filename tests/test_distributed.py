@@ -41,8 +41,9 @@ def _jsonl(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def _command(processes: int, stage: str, args: list[str]) -> list[str]:
-    if processes == 1:
+def _command(processes: int, stage: str, args: list[str], launched: bool = False) -> list[str]:
+    """``stage`` on ``processes`` processes: one without a launcher unless ``launched``."""
+    if processes == 1 and not launched:
         return [sys.executable, "-m", "rlhfkit.cli", stage, *args, *QUIET]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     return [*launcher, f"--nproc_per_node={processes}", "-m", "rlhfkit.cli", stage, *args, *QUIET]
@@ -54,9 +55,11 @@ def _launch(stage: str, args: list[str]) -> list[str]:
     return [*launcher, "--nproc_per_node=2", stage, *args, *QUIET]
 
 
-def _run(processes: int, stage: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def _run(
+    processes: int, stage: str, args: list[str], cwd: Path, launched: bool = False
+) -> subprocess.CompletedProcess:
     result = subprocess.run(
-        _command(processes, stage, args), cwd=cwd, env=ENV, capture_output=True, text=True,
+        _command(processes, stage, args, launched), cwd=cwd, env=ENV, capture_output=True, text=True,
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -479,6 +482,19 @@ def test_fsdp_in_one_process_trains_the_whole_model_and_says_so(model, data, tmp
     alone = _run(1, "sft", [*args[:-1], "fsdp_alone", "--fsdp", "true"], tmp_path)
     assert "one process has no others to shard its models over" in alone.stderr
     _assert_same_weights(tmp_path / "one", tmp_path / "fsdp_alone", atol=0)
+
+
+def test_fsdp_under_a_launcher_of_one_process_shards_over_a_group_of_one(model, data, tmp_path):
+    """The whole FSDP path in one process, as one GPU runs it: the trained model held as shards
+    of its full size, the optimiser state saved per process, the same weights as without."""
+    args = [*_stage_args("sft", model, data, 8), "--save_every", "3"]
+    _run(1, "sft", [*args, "--output_dir", "one"], tmp_path)
+    alone = _run(1, "sft", [*args, "--output_dir", "fsdp", "--fsdp", "true"], tmp_path, True)
+    assert "no others to shard" not in alone.stderr
+    _assert_same_weights(tmp_path / "one", tmp_path / "fsdp", atol=1e-6)
+    checkpoint = max((tmp_path / "fsdp").glob("checkpoint-*"))
+    assert (checkpoint / "optimizer_0.safetensors").is_file()
+    assert not (checkpoint / "optimizer.safetensors").exists()
 
 
 def test_leaving_closes_the_process_group(tmp_path):

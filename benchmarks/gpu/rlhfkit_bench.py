@@ -308,9 +308,9 @@ def bench(name: str, args) -> dict:
     import rlhfkit
 
     wl.setup_torch(not args.no_tf32)
-    w = wl.workload(name, args.smoke)
-    assets = wl.assets_for(args.assets, args.smoke)
-    manifest = json.loads((assets / "manifest.json").read_text())
+    assets = wl.assets_for(args.assets, args.smoke, args.shape)
+    manifest = wl.read_manifest(assets)
+    w = wl.workload(name, manifest)
     print(f"rlhfkit {name}: {w} on {wl.device_info()['name']}", flush=True)
     with tempfile.TemporaryDirectory(prefix=f"rlhfkit-{name}-") as out:
         times, timer, extra, config = RUNS[name](w, assets, args, out)
@@ -345,6 +345,7 @@ def main() -> None:
     )
     parser.add_argument("--workload", choices=[*wl.WORKLOADS, "all"], required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny model, 3 iterations (CPU)")
+    parser.add_argument("--shape", choices=wl.SHAPES, default="gpt2", help="the models' shape")
     parser.add_argument("--assets", type=Path, default=None, help="workloads.py --prepare DIR")
     parser.add_argument("--json", type=Path, default=None, help="also write the result(s) here")
     parser.add_argument("--padded", action="store_true", help="PPO/GRPO: no padding-free passes")
@@ -356,11 +357,16 @@ def main() -> None:
         print(wl.table([result]))
         return
     # Each workload in its own process: clean peak-memory counters, no state carried over.
-    assets = wl.assets_for(args.assets, args.smoke)
+    assets = wl.assets_for(args.assets, args.smoke, args.shape)
     results = []
     for name in wl.WORKLOADS:
         cmd = [sys.executable, __file__, "--workload", name, "--assets", str(assets)]
-        cmd += ["--smoke"] * args.smoke + ["--padded"] * args.padded + ["--no-tf32"] * args.no_tf32
+        cmd += (
+            ["--shape", args.shape]
+            + ["--smoke"] * args.smoke
+            + ["--padded"] * args.padded
+            + ["--no-tf32"] * args.no_tf32
+        )
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
         print(proc.stdout, end="", flush=True)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
-"""Side-by-side table of the ``rlhfkit_<workload>.json`` and ``trl_<workload>.json`` results
-in a folder (written by ``run_all.sh``): seconds per iteration and their ratio rlhfkit / TRL
-(below 1: rlhfkit faster), generation tokens/s, MFU, peak CUDA memory and its ratio.
+"""Side-by-side table of the ``rlhfkit_<shape>_<workload>.json`` and ``trl_<shape>_<workload>.json``
+results in a folder (written by ``run_all.sh``), one row per shape and workload: seconds per
+iteration and their ratio rlhfkit / TRL (below 1: rlhfkit faster), generation tokens/s, MFU,
+peak CUDA memory and its ratio.
 
     python benchmarks/gpu/summarize.py RESULTS_DIR   # also writes summary.md and results.json there
 """
@@ -13,10 +14,13 @@ import sys
 from pathlib import Path
 
 WORKLOADS = ("ppo", "grpo", "dpo", "sft")
+SHAPES = ("gpt2", "qwen0.5b")
+LIBRARIES = ("rlhfkit", "trl")
+RUNS = [(shape, workload) for shape in SHAPES for workload in WORKLOADS]
 
 
-def load(folder: Path, library: str, workload: str) -> dict | None:
-    path = folder / f"{library}_{workload}.json"
+def load(folder: Path, library: str, shape: str, workload: str) -> dict | None:
+    path = folder / f"{library}_{shape}_{workload}.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -36,8 +40,9 @@ def peak(result: dict | None):
 
 def rows(folder: Path) -> list[list[str]]:
     out = []
-    for workload in WORKLOADS:
-        ours, trl = load(folder, "rlhfkit", workload), load(folder, "trl", workload)
+    for shape, workload in RUNS:
+        ours = load(folder, "rlhfkit", shape, workload)
+        trl = load(folder, "trl", shape, workload)
         if ours is None and trl is None:
             continue
 
@@ -46,6 +51,7 @@ def rows(folder: Path) -> list[list[str]]:
 
         out.append(
             [
+                shape,
                 workload,
                 fmt(get(ours, "sec_per_iter_median"), ".3f"),
                 fmt(get(trl, "sec_per_iter_median"), ".3f"),
@@ -67,6 +73,7 @@ def rows(folder: Path) -> list[list[str]]:
 
 
 HEADER = [
+    "shape",
     "workload",
     "rlhfkit s/it",
     "TRL s/it",
@@ -91,26 +98,23 @@ def main() -> None:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table]
     devices, versions = set(), {}
-    for workload in WORKLOADS:
-        for library in ("rlhfkit", "trl"):
-            result = load(folder, library, workload)
-            if result is not None:
-                devices.add(result["device"])
-                found = result.get("settings", {}).get("versions", {})
-                versions.setdefault(json.dumps(found, sort_keys=True), []).append(
-                    f"{library} {workload}"
-                )
+    everything = [
+        result
+        for shape, workload in RUNS
+        for library in LIBRARIES
+        if (result := load(folder, library, shape, workload)) is not None
+    ]
+    for result in everything:
+        devices.add(result["device"])
+        found = result.get("settings", {}).get("versions", {})
+        versions.setdefault(json.dumps(found, sort_keys=True), []).append(
+            f"{result['library']} {result['shape']} {result['workload']}"
+        )
     lines += [f"- {', '.join(runs)}: {found}" for found, runs in versions.items()]
     lines.insert(0, f"device: {', '.join(sorted(devices)) or '?'}; time ratio = rlhfkit / TRL\n")
     text = "\n".join(lines)
     print(text)
     (folder / "summary.md").write_text(text + "\n")
-    everything = [
-        result
-        for workload in WORKLOADS
-        for library in ("rlhfkit", "trl")
-        if (result := load(folder, library, workload)) is not None
-    ]
     (folder / "results.json").write_text(json.dumps(everything, indent=1) + "\n")
 
 

@@ -38,7 +38,6 @@ Settings (TRL's fastest correct setting on one GPU; all dropout is 0 in the mode
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
@@ -331,9 +330,9 @@ def bench(name: str, args) -> dict:
 
     version = check_version(name)
     wl.setup_torch(not args.no_tf32)
-    w = wl.workload(name, args.smoke)
-    assets = wl.assets_for(args.assets, args.smoke)
-    manifest = json.loads((assets / "manifest.json").read_text())
+    assets = wl.assets_for(args.assets, args.smoke, args.shape)
+    manifest = wl.read_manifest(assets)
+    w = wl.workload(name, manifest)
     print(f"TRL {version} {name}: {w} on {wl.device_info()['name']}", flush=True)
     with tempfile.TemporaryDirectory(prefix=f"trl-{name}-") as out:
         times, gen, extra = RUNS[name](w, assets, args, out)
@@ -369,6 +368,7 @@ def main() -> None:
     )
     parser.add_argument("--workload", choices=wl.WORKLOADS, required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny model, 3 iterations (CPU)")
+    parser.add_argument("--shape", choices=wl.SHAPES, default="gpt2", help="the models' shape")
     parser.add_argument("--assets", type=Path, default=None, help="workloads.py --prepare DIR")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     parser.add_argument("--no-tf32", action="store_true", help="full fp32 for fp32 products")

@@ -11,12 +11,20 @@ Assets (``python benchmarks/gpu/workloads.py --prepare DIR [--smoke]``):
   import path without importing the package, or in ``$GPT2_BPE_DIR``), plus a distinct
   ``<|pad|>`` (id 50257): rlhfkit requires pad != EOS everywhere and TRL's PPO needs it too,
   so the models have 50,258 embedding rows (one more than GPT-2; +768 parameters).
-- ``policy/``: a GPT2LMHeadModel of GPT2Config's default shape (12 layers, 12 heads, width 768,
-  1024 positions; 124.4 M parameters) with random weights (seed 0), all dropout 0 (TRL's GRPO
-  and SFT keep dropout on, the other trainers turn it off: 0 makes every trainer do the same
-  work). ``--smoke``: 2 layers, 2 heads, width 64, and the EOS token made nearly certain
-  (``_eos_heavy``), so that a library that stopped at EOS would show responses ~1 token long.
-- ``reward_model/``: a GPT2ForSequenceClassification (num_labels=1) of the same shape, random
+- ``policy/``: a causal LM of one of two shapes (``--shape``, ``SHAPES``) with random weights
+  (seed 0), all dropout 0 (TRL's GRPO and SFT keep dropout on, the other trainers turn it off:
+  0 makes every trainer do the same work):
+  - ``gpt2``: GPT2Config's default shape (12 layers, 12 heads, width 768, 1024 positions;
+    124.4 M parameters);
+  - ``qwen0.5b``: Qwen2.5-0.5B's transformer (24 layers, width 896, 14 query and 2 key/value
+    heads, SwiGLU MLP of 4864, RMSNorm, rotary positions, tied embeddings) over the same
+    50,258-token vocabulary instead of Qwen's 151,936 (so both shapes share the tokenizer and
+    the equal-work rules below): 0.40 B parameters instead of 0.49 B, the LM head a third of
+    Qwen's.
+  ``--smoke``: 2 layers of width 64 in the same family, and for ``gpt2`` the EOS token made
+  nearly certain (``_eos_heavy``), so that a library that stopped at EOS would show responses
+  ~1 token long.
+- ``reward_model/``: the same shape's ``...ForSequenceClassification`` (num_labels=1), random
   (seed 1): the PPO reward model and the critic's initialisation.
 - ``prompts.jsonl`` (``prompt`` text and its ``input_ids``), ``pairs.jsonl``
   (prompt/chosen/rejected) and ``sft.jsonl`` (prompt/completion), cut from Jane Austen's novels
@@ -34,10 +42,12 @@ Equal work in both libraries:
   exactly 512 tokens (the prompt whole, the response cut; EOS falls off in both).
 
 Model FLOPs (the same formula for both libraries; PaLM's, Chowdhery et al. 2022, appendix B):
-with L layers, width d, vocabulary V, ``N = 12 L d^2 + V d`` for a causal LM (the LM head
-counted at every position) and ``12 L d^2`` for a scalar-head model (reward model, critic),
-a forward pass over a sequence of T tokens costs ``2 N T + 4 L d T^2`` (attention not halved
-for causality) and a trained pass three times that. Generation of G tokens after a P-token
+with L layers, width d, vocabulary V and M the weights of one layer's matrix products
+(``12 d^2`` for GPT-2: 4 d^2 of attention, 8 d^2 of MLP; for the Qwen shape
+``2 d^2 + 2 d d_kv`` of attention with d_kv the key/value width, and ``3 d f`` of SwiGLU MLP
+of width f), ``N = L M + V d`` for a causal LM (the LM head counted at every position) and
+``L M`` for a scalar-head model (reward model, critic), a forward pass over a sequence of T
+tokens costs ``2 N T + 4 L d T^2`` (attention not halved for causality) and a trained pass three times that. Generation of G tokens after a P-token
 prompt costs the prefill ``2 N P + 4 L d P^2`` plus ``2 N + 4 L d (P + t)`` for the t-th new
 token. Per iteration (B rows, T = P + G):
 
@@ -144,6 +154,8 @@ FULL = {
     "dpo": Workload("dpo", batch=16, warmup=3, timed=10, prompt_tokens=64, seq_len=512),
     "sft": Workload("sft", batch=16, warmup=3, timed=10, prompt_tokens=64, seq_len=512),
 }  # fmt: skip
+# The 0.5B shape: the same work per iteration, fewer iterations (each costs about 3x more).
+FEWER = {"ppo": (1, 4), "grpo": (1, 3), "dpo": (2, 6), "sft": (2, 6)}
 SMOKE = {
     "ppo": Workload(
         "ppo", batch=8, warmup=1, timed=2, prompt_tokens=16, new_tokens=16, epochs=2,
@@ -157,24 +169,71 @@ SMOKE = {
 }  # fmt: skip
 
 
-def workload(name: str, smoke: bool) -> Workload:
-    return (SMOKE if smoke else FULL)[name]
+def workload(name: str, manifest: dict) -> Workload:
+    """The sizes of workload ``name`` for the assets that ``manifest`` describes."""
+    if manifest["smoke"]:
+        return SMOKE[name]
+    if manifest["shape"] == "gpt2":
+        return FULL[name]
+    warmup, timed = FEWER[name]
+    return dataclasses.replace(FULL[name], warmup=warmup, timed=timed)
 
 
-def model_config(smoke: bool, vocab_size: int, eos_id: int, pad_id: int):
-    """GPT2Config's defaults (the 124M GPT-2), or a tiny one for ``--smoke``; dropout 0."""
-    from transformers import GPT2Config
+# ----------------------------------------------------------------------------- shapes
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A decoder's sizes: ``family`` "gpt2" (GELU MLP of 4 x width, learned positions) or
+    "qwen2" (SwiGLU MLP of ``ffn``, rotary positions, ``kv_heads`` grouped key/value heads)."""
 
-    shape = {"n_layer": 2, "n_head": 2, "n_embd": 64} if smoke else {}
-    return GPT2Config(
-        vocab_size=vocab_size,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        **shape,
+    family: str
+    layers: int
+    width: int
+    heads: int
+    kv_heads: int
+    ffn: int
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """M: the weights of one layer's matrix products (the module docstring's FLOPs)."""
+        kv_width = self.width // self.heads * self.kv_heads
+        attention = 2 * self.width**2 + 2 * self.width * kv_width
+        mlp = (2 if self.family == "gpt2" else 3) * self.width * self.ffn
+        return attention + mlp
+
+
+SHAPES = {
+    "gpt2": Shape("gpt2", layers=12, width=768, heads=12, kv_heads=12, ffn=3072),
+    "qwen0.5b": Shape("qwen2", layers=24, width=896, heads=14, kv_heads=2, ffn=4864),
+}
+SMOKE_SHAPES = {
+    "gpt2": Shape("gpt2", layers=2, width=64, heads=2, kv_heads=2, ffn=256),
+    "qwen0.5b": Shape("qwen2", layers=2, width=64, heads=4, kv_heads=2, ffn=160),
+}
+
+
+def model_config(shape: Shape, vocab_size: int, eos_id: int, pad_id: int):
+    """The transformers config of ``shape`` over ``vocab_size`` tokens, dropout 0."""
+    from transformers import GPT2Config, Qwen2Config
+
+    tokens = {"vocab_size": vocab_size, "bos_token_id": eos_id, "eos_token_id": eos_id}
+    tokens["pad_token_id"] = pad_id
+    if shape.family == "gpt2":
+        return GPT2Config(
+            n_layer=shape.layers, n_head=shape.heads, n_embd=shape.width, n_inner=shape.ffn,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **tokens,
+        )  # fmt: skip
+    return Qwen2Config(
+        num_hidden_layers=shape.layers,
+        hidden_size=shape.width,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        intermediate_size=shape.ffn,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        attention_dropout=0.0,
+        **tokens,
     )
 
 
@@ -261,32 +320,33 @@ def _eos_heavy(model, eos_id: int) -> None:
     import torch
 
     with torch.no_grad():
-        axis = torch.zeros(model.config.n_embd)
+        axis = torch.zeros(model.config.hidden_size)
         axis[0] = 1.0
         model.transformer.ln_f.bias.copy_(20 * axis)
         model.transformer.wte.weight[eos_id].copy_(20 * axis)
 
 
-def prepare(out: Path, smoke: bool) -> dict:
+def prepare(out: Path, smoke: bool, shape_name: str = "gpt2") -> dict:
     """Write the assets (see the module docstring) to ``out``; returns the manifest."""
     import torch
-    from transformers import GPT2ForSequenceClassification, GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(out / "tokenizer")
-    config = model_config(smoke, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
+    shape = (SMOKE_SHAPES if smoke else SHAPES)[shape_name]
+    config = model_config(shape, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id)
     torch.manual_seed(0)
-    policy = GPT2LMHeadModel(config)
-    if smoke:
+    policy = AutoModelForCausalLM.from_config(config)
+    if smoke and shape.family == "gpt2":
         _eos_heavy(policy, tokenizer.eos_token_id)
     policy.save_pretrained(out / "policy")
     tokenizer.save_pretrained(out / "policy")
     torch.manual_seed(1)
     rm_config = copy.deepcopy(config)
     rm_config.num_labels = 1
-    reward_model = GPT2ForSequenceClassification(rm_config)
+    reward_model = AutoModelForSequenceClassification.from_config(rm_config)
     reward_model.save_pretrained(out / "reward_model")
     tokenizer.save_pretrained(out / "reward_model")
 
@@ -308,26 +368,33 @@ def prepare(out: Path, smoke: bool) -> dict:
         file = "pairs.jsonl" if name == "dpo" else "sft.jsonl"
         _write_jsonl(out / file, [dict(zip(fields, r, strict=False)) for r in rows])
     manifest = {
+        "shape": shape_name,
         "smoke": smoke,
         "vocab_size": len(tokenizer),
         "params": sum(p.numel() for p in policy.parameters()),
-        "config": {k: getattr(config, k) for k in ("n_layer", "n_head", "n_embd", "n_positions")},
+        "config": dataclasses.asdict(shape) | {"layer_matmul_params": shape.layer_matmul_params},
         "seconds": time.perf_counter() - started,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
-def assets_for(path: Path | None, smoke: bool) -> Path:
-    """``path`` checked against ``smoke``, or fresh assets in a temporary directory."""
+def read_manifest(assets: Path) -> dict:
+    return json.loads((assets / "manifest.json").read_text())
+
+
+def assets_for(path: Path | None, smoke: bool, shape: str) -> Path:
+    """``path`` checked against ``smoke`` and ``shape``, or fresh assets in a temporary
+    directory."""
     if path is None:
         path = Path(tempfile.mkdtemp(prefix="gpu-bench-assets-"))
         print(f"preparing assets in {path} ...", flush=True)
-        prepare(path, smoke)
-    manifest = json.loads((path / "manifest.json").read_text())
-    if manifest["smoke"] != smoke:
+        prepare(path, smoke, shape)
+    manifest = read_manifest(path)
+    if (manifest["smoke"], manifest["shape"]) != (smoke, shape):
         sys.exit(
-            f"{path} holds {'smoke' if manifest['smoke'] else 'full'} assets; --smoke is {smoke}"
+            f"{path} holds the {manifest['shape']} shape's {'smoke' if manifest['smoke'] else 'full'}"
+            f" assets; asked for {shape}{' --smoke' if smoke else ''}"
         )
     return path
 
@@ -413,10 +480,12 @@ def _generation(params: float, prompt: int, new: int, layers: int, width: int) -
     return prefill + steps
 
 
-def iteration_flops(w: Workload, layers: int, width: int, vocab: int) -> float:
-    """Model FLOPs of one iteration of ``w`` (module docstring); the same for both libraries."""
-    lm = 12 * layers * width**2 + vocab * width  # causal LM, LM head at every position
-    scalar = 12 * layers * width**2  # reward model / critic (a 1-wide head)
+def iteration_flops(w: Workload, shape: dict, vocab: int) -> float:
+    """Model FLOPs of one iteration of ``w`` (module docstring); the same for both libraries.
+    ``shape``: the manifest's ``config`` (layers, width, layer_matmul_params)."""
+    layers, width = shape["layers"], shape["width"]
+    scalar = layers * shape["layer_matmul_params"]  # reward model / critic (a 1-wide head)
+    lm = scalar + vocab * width  # causal LM, LM head at every position
     if w.name in ("dpo", "sft"):
         return w.rows * 3 * _forward(lm, w.seq_len, layers, width)
     seq = w.prompt_tokens + w.new_tokens
@@ -446,13 +515,13 @@ def summarize_run(
     """The RESULT record both benches print: medians over the timed iterations."""
     timed = times[w.warmup :]
     median = statistics.median(timed)
-    cfg = manifest["config"]
-    flops = iteration_flops(w, cfg["n_layer"], cfg["n_embd"], manifest["vocab_size"])
+    flops = iteration_flops(w, manifest["config"], manifest["vocab_size"])
     device = device_info()
     gen_timed = gen_seconds[w.warmup :] if len(gen_seconds) == len(times) else gen_seconds[1:]
     result = {
         "library": library,
         "workload": w.name,
+        "shape": manifest["shape"],
         "device": device["name"],
         "sizes": dataclasses.asdict(w),
         "params": manifest["params"],
@@ -508,8 +577,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prepare", type=Path, required=True, help="write the assets here")
     parser.add_argument("--smoke", action="store_true", help="tiny model and data (CPU tests)")
+    parser.add_argument("--shape", choices=SHAPES, default="gpt2", help="the models' shape")
     args = parser.parse_args()
-    manifest = prepare(args.prepare, args.smoke)
+    manifest = prepare(args.prepare, args.smoke, args.shape)
     print(json.dumps(manifest))
 
 

@@ -18,8 +18,10 @@ speed-ups that belong to a kind of device, so that no algorithm's signature carr
   launcher's processes (accelerate's ``PartialState``), and each process takes its own GPU.
   Side by side is off with several processes: its threads would issue the two models'
   collectives in an order that differs between processes. The trained models are replicated
-  (DDP, through accelerate) or, with ``fsdp``, sharded (``sharding.py``); one process has
-  nothing to shard with, and runs its models whole (with a warning);
+  (DDP, through accelerate) or, with ``fsdp``, sharded (``sharding.py``). A launcher's single
+  process shards too, over a group of one (the whole FSDP path on one GPU, weights held as
+  shards of their full size); a process started without a launcher has no group to shard
+  over, and runs its models whole (with a warning);
 - activation checkpointing of the trained models, where asked.
 
 Like nanoGPT's flagged lines at the edge of its loop, these are the only places where the
@@ -36,7 +38,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from accelerate import PartialState
+from accelerate import DistributedType, PartialState
 from torch import nn
 from transformers import PreTrainedModel
 from transformers.pytorch_utils import Conv1D
@@ -99,7 +101,8 @@ class Runtime:
         if side_by_side is None:
             side_by_side = device.type == "cpu"
         fsdp = getattr(config, "fsdp", False) or os.environ.get(FSDP_ENV, "").lower() == "true"
-        if fsdp and state.num_processes == 1:
+        launched = state.distributed_type != DistributedType.NO
+        if fsdp and not launched:
             logger.warning(
                 "fsdp: one process has no others to shard its models over; they run whole. "
                 "Launch several (torchrun --nproc_per_node N, docs/distributed.md)"
@@ -112,7 +115,7 @@ class Runtime:
             rank=state.process_index,
             world=state.num_processes,
             checkpointing=getattr(config, "gradient_checkpointing", False),
-            sharded=fsdp and state.num_processes > 1,
+            sharded=fsdp and launched,
         )
 
     @classmethod
