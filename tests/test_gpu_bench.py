@@ -71,11 +71,10 @@ def test_the_dry_run_starts_every_step_and_writes_one_summary(tmp_path):
 
 
 def test_a_step_without_a_minute_of_the_budget_left_is_skipped_and_said(tmp_path):
-    done = run_all(tmp_path, "--dry-run", BUDGET="1", STEPS="gpt2 smollm2", WORKLOADS="ppo sft")
-    assert "== rlhfkit_gpt2_ppo: skipped, " in done.stdout and "left of BUDGET=1s" in done.stdout
-    assert "== rlhfkit_gpt2_sft: skipped" in done.stdout
-    assert "== smollm2: skipped" in done.stdout
-    assert not (tmp_path / "results" / "rlhfkit_gpt2_ppo.json").exists()
+    done = run_all(tmp_path, "--dry-run", BUDGET="1", STEPS="gpt2 smollm2")
+    assert "== assets gpt2: skipped, " in done.stdout and "left of BUDGET=1s" in done.stdout
+    assert "== smollm2: skipped, " in done.stdout
+    assert not list((tmp_path / "results").glob("*.step.json"))
     assert (tmp_path / "results" / "summary.md").is_file()  # written all the same
 
 

@@ -83,6 +83,10 @@ left() {
 # libraries), prepared once into $ASSETS/$1.
 assets() {
   local dir="$ASSETS/$1" tok=${TOKENIZER_PATH:-${TRL116_PATH:-}}
+  if [ "$(left 60)" -lt "${MIN_STEP:-60}" ]; then
+    echo "== assets $1: skipped, $(left 60)s left of BUDGET=${BUDGET}s"
+    return 1
+  fi
   if [ ! -f "$dir/manifest.json" ]; then
     echo "== assets $1 -> $dir"
     if ! PYTHONPATH="${tok:+$tok:}$PYTHONPATH" "$RK_PY" $HERE/workloads.py \
