@@ -7,7 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from rlhfkit.data import pad
 from rlhfkit.experience import generation
@@ -163,6 +170,24 @@ def _llama(attention):
     return LlamaForCausalLM(config).eval()
 
 
+def _qwen2(attention):
+    """Qwen2: Llama's layout with biased query/key/value projections and tied embeddings
+    (the GPU benchmark's 0.5B shape)."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=50,
+        initializer_range=0.3,
+        tie_word_embeddings=True,
+        attn_implementation=attention,
+    )
+    return Qwen2ForCausalLM(config).eval()
+
+
 def _gpt2(attention):
     torch.manual_seed(0)
     config = GPT2Config(
@@ -179,7 +204,7 @@ def _gpt2(attention):
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packing-enabled"])
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("build", [_gpt2, _llama, _qwen2], ids=["gpt2", "llama", "qwen2"])
 def test_the_static_cache_decodes_what_the_dynamic_cache_does(build, attention, packed, device):
     """Left-padded prompts, greedy and seeded sampling: the same tokens from both caches (on
     a GPU the static one replays a CUDA graph), whatever kernel, with packing switched on."""
@@ -226,7 +251,7 @@ def test_a_model_that_takes_past_key_values_gets_it():
     assert cache_name(ScriptedLM([[2]])) == "past_key_values"
 
 
-@pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
+@pytest.mark.parametrize("build", [_gpt2, _llama, _qwen2], ids=["gpt2", "llama", "qwen2"])
 def test_the_static_cache_under_bf16_autocast(build, device):
     """The rollout decodes under bf16 autocast, where Llama's rotary embedding gives float32
     keys beside bfloat16 values; on a GPU the captured graph casts the weights itself."""
