@@ -191,18 +191,14 @@ def _model(args):
     return GPT2LMHeadModel(config)
 
 
+PAD_ID = 0
 VARIANTS = ("rlhfkit", "rlhfkit-dynamic", "hf-generate", "bare", "bare-bf16-weights")
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _arguments(argv)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = _model(args).to(device).eval()
-    config = model.config
-    eos, pad_id = config.vocab_size - 1, 0  # the random model samples id vocab-1 with p ~ 1/V
-    lo, hi = (int(n) for n in args.prompt_tokens.split(","))
-    prompts = _prompts(args.batch, config.vocab_size, lo, hi)
-    query, query_mask = (x.to(device) for x in pad(prompts, pad_id, side="left"))
+def _variants(args, model, query, query_mask) -> dict:
+    """The samplers ``--variants`` names, each a function of no arguments."""
+    device = query.device
+    eos, pad_id = model.config.vocab_size - 1, PAD_ID  # a random model samples vocab-1 w.p. ~1/V
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
 
     def ours(cache: str):
@@ -242,30 +238,27 @@ def main(argv: list[str] | None = None) -> None:
         "bare": lambda: BareLoop(model, query, query_mask, args.new_tokens, 1.0),
         "bare-bf16-weights": bare_bf16,
     }
-    variants = {name: makers[name]() for name in args.variants.split(",")}
+    return {name: makers[name]() for name in args.variants.split(",")}
 
-    results = {}
-    for name, fn in variants.items():
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        times = _time(fn, device, args.warmup, args.repeats)
-        seconds = statistics.median(times)
-        results[name] = {
-            "seconds": seconds,
-            "spread": [min(times), max(times)],
-            "tokens_per_s": args.batch * args.new_tokens / seconds,
-            "ms_per_step": 1000 * seconds / args.new_tokens,
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30
-            if device.type == "cuda"
-            else None,
-        }
+
+def _measure(fn, args, device: torch.device) -> dict:
+    """Median seconds of ``fn`` over ``--repeats`` runs after ``--warmup``, and what follows."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = _time(fn, device, args.warmup, args.repeats)
+    seconds = statistics.median(times)
+    return {
+        "seconds": seconds,
+        "spread": [min(times), max(times)],
+        "tokens_per_s": args.batch * args.new_tokens / seconds,
+        "ms_per_step": 1000 * seconds / args.new_tokens,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+    }
+
+
+def _print_table(results: dict, heading: str) -> None:
     floor = results.get("bare", next(iter(results.values())))["seconds"]
-    device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
-    print(
-        f"device: {device_name}; torch {torch.__version__}; {config.model_type}"
-        f" {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters; batch"
-        f" {args.batch} x {args.new_tokens} new tokens after {args.prompt_tokens} prompt tokens"
-    )
+    print(heading)
     print(
         f"{'variant':<16} {'s/call':>8} {'tok/s':>10} {'ms/step':>8} {'peak GiB':>9} {'x bare':>7}"
     )
@@ -275,12 +268,31 @@ def main(argv: list[str] | None = None) -> None:
             f"{name:<16} {r['seconds']:8.3f} {r['tokens_per_s']:10.0f} {r['ms_per_step']:8.2f}"
             f" {peak:>9} {r['seconds'] / floor:7.2f}"
         )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _arguments(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = _model(args).to(device).eval()
+    lo, hi = (int(n) for n in args.prompt_tokens.split(","))
+    prompts = _prompts(args.batch, model.config.vocab_size, lo, hi)
+    query, query_mask = (x.to(device) for x in pad(prompts, PAD_ID, side="left"))
+    variants = _variants(args, model, query, query_mask)
+    results = {name: _measure(fn, args, device) for name, fn in variants.items()}
+    params = sum(p.numel() for p in model.parameters())
+    device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+    _print_table(
+        results,
+        f"device: {device_name}; torch {torch.__version__}; {model.config.model_type}"
+        f" {params / 1e6:.1f}M parameters; batch {args.batch} x {args.new_tokens} new tokens"
+        f" after {args.prompt_tokens} prompt tokens",
+    )
     command = shlex.join([sys.executable, *sys.argv])
     print(f"command: {command}")
     record = {
         "device": device_name,
         "model": args.model or "gpt2-124m-shape",
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": params,
         "batch": args.batch,
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
