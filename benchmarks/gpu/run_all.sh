@@ -127,7 +127,7 @@ cuda_tests() {
   elif [ "${CUDA_TESTS:-0}" = "1" ]; then
     step cuda_tests 300 "$RK_PY" -m pytest -m cuda -n 4 -q -p no:warnings tests
   fi
-  [ -f "$RES/cuda_tests.log" ] && echo "   $(tail -1 "$RES/cuda_tests.log")"
+  [ -f "$RES/cuda_tests.log" ] && echo "   $(grep -v '^$' "$RES/cuda_tests.log" | tail -1)"
 }
 
 # One bench in its own process: bench LIB SHAPE WORKLOAD PYTHON PYTHONPATH SCRIPT
