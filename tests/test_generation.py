@@ -155,36 +155,28 @@ def test_cached_greedy_matches_full_recompute(decisive_model, device):
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
 
 
+# Grouped-query attention: 4 query heads, 2 key/value heads.
+_GQA = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    hidden_size=32,
+    intermediate_size=64,
+    vocab_size=50,
+    initializer_range=0.3,
+)
+
+
 def _llama(attention):
     torch.manual_seed(0)
-    config = LlamaConfig(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=32,
-        intermediate_size=64,
-        vocab_size=50,
-        initializer_range=0.3,
-        attn_implementation=attention,
-    )
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(LlamaConfig(**_GQA, attn_implementation=attention)).eval()
 
 
 def _qwen2(attention):
     """Qwen2: Llama's layout with biased query/key/value projections and tied embeddings
     (the GPU benchmark's 0.5B shape)."""
     torch.manual_seed(0)
-    config = Qwen2Config(
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_size=32,
-        intermediate_size=64,
-        vocab_size=50,
-        initializer_range=0.3,
-        tie_word_embeddings=True,
-        attn_implementation=attention,
-    )
+    config = Qwen2Config(**_GQA, tie_word_embeddings=True, attn_implementation=attention)
     return Qwen2ForCausalLM(config).eval()
 
 

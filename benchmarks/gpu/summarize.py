@@ -16,8 +16,9 @@ import statistics
 import sys
 from pathlib import Path
 
-WORKLOADS = ("ppo", "grpo", "dpo", "sft")
-SHAPES = ("gpt2", "qwen0.5b")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import SHAPES, WORKLOADS  # noqa: E402
+
 LIBRARIES = ("rlhfkit", "trl")
 RUNS = [(shape, workload) for shape in SHAPES for workload in WORKLOADS]
 
@@ -174,8 +175,8 @@ def pipeline(folder: Path) -> tuple[list[str], list[dict]]:
 
 def steps(folder: Path) -> tuple[list[str], list[dict]]:
     """Every step's exit code and wall seconds, in the order they ran."""
-    found = [json.loads(p.read_text()) for p in folder.glob("*.step.json")]
-    found.sort(key=lambda r: (folder / f"{r['step']}.step.json").stat().st_mtime)
+    ran = sorted(folder.glob("*.step.json"), key=lambda path: path.stat().st_mtime)
+    found = [json.loads(path.read_text()) for path in ran]
     body = [[r["step"], str(r["exit"]), str(r["seconds"])] for r in found]
     return (["\nSteps (exit 124: timed out):\n", *markdown(["step", "exit", "s"], body)], found)
 

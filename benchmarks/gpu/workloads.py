@@ -47,9 +47,9 @@ with L layers, width d, vocabulary V and M the weights of one layer's matrix pro
 ``2 d^2 + 2 d d_kv`` of attention with d_kv the key/value width, and ``3 d f`` of SwiGLU MLP
 of width f), ``N = L M + V d`` for a causal LM (the LM head counted at every position) and
 ``L M`` for a scalar-head model (reward model, critic), a forward pass over a sequence of T
-tokens costs ``2 N T + 4 L d T^2`` (attention not halved for causality) and a trained pass three times that. Generation of G tokens after a P-token
-prompt costs the prefill ``2 N P + 4 L d P^2`` plus ``2 N + 4 L d (P + t)`` for the t-th new
-token. Per iteration (B rows, T = P + G):
+tokens costs ``2 N T + 4 L d T^2`` (attention not halved for causality) and a trained pass
+three times that. Generation of G tokens after a P-token prompt costs the prefill
+``2 N P + 4 L d P^2`` plus ``2 N + 4 L d (P + t)`` for the t-th new token. Per iteration (B rows, T = P + G):
 
 - PPO: generation + forwards of policy, reference, critic, reward model over B x T
   + ppo_epochs x (policy and critic trained over B x T);
@@ -154,7 +154,7 @@ FULL = {
     "dpo": Workload("dpo", batch=16, warmup=3, timed=10, prompt_tokens=64, seq_len=512),
     "sft": Workload("sft", batch=16, warmup=3, timed=10, prompt_tokens=64, seq_len=512),
 }  # fmt: skip
-# The 0.5B shape: the same work per iteration, fewer iterations (each costs about 3x more).
+# The 0.5B shape: the same work per iteration, fewer (warm-up, timed) iterations of it.
 FEWER = {"ppo": (1, 4), "grpo": (1, 3), "dpo": (2, 6), "sft": (2, 6)}
 SMOKE = {
     "ppo": Workload(
