@@ -647,7 +647,7 @@ class Trainer:
             accumulation,
             self.runtime.autocast,
             functools.partial(self.no_sync, self.model),
-            before_step=lambda stats: self.check_loss(stats["loss"]),
+            before_step=lambda stats: self.check_loss(float(stats["loss"])),
         )
         totals = learner.learn([list(zip(batches, weights, strict=True))])
         totals["grad_norm"] = totals.pop(f"grad_norm/{self.learner_name}")

@@ -47,10 +47,11 @@ def build_optimizer(
     )
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> torch.Tensor:
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> float:
     """``torch.nn.utils.clip_grad_norm_(params, max_norm)``, the same numbers bit for bit, in
-    less time on a CPU; the total 2-norm of the gradients before clipping. ``max_norm`` None or
-    0 measures without clipping.
+    less time on a CPU; the total 2-norm of the gradients before clipping, read to the host
+    once (the optimiser step's one wait for the device). ``max_norm`` None or 0 measures
+    without clipping.
 
     On a CPU torch loops over the tensors in Python unless told to use its foreach kernels,
     and it multiplies every gradient by the clipping coefficient even when that is 1. Here the
@@ -60,9 +61,9 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> torch.
     grads = [p.grad for p in params if p.grad is not None]
     foreach = True if all(g.device.type == "cpu" for g in grads) else None
     norm = torch.nn.utils.get_total_norm(grads, foreach=foreach)
-    total = norm.full_tensor() if isinstance(norm, DTensor) else norm  # of sharded gradients
+    total = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)  # of sharded ones
     # torch's coefficient, max_norm / (norm + 1e-6), clamped to 1
-    if max_norm and bool(max_norm / (total + 1e-6) < 1):
+    if max_norm and max_norm / (total + 1e-6) < 1:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=foreach)
     return total
 
@@ -115,9 +116,8 @@ class Learner:
         learning rate of the step. A norm that is NaN or inf stops before the optimiser step
         (`NonFiniteError`): one such step would turn every weight into NaN. The norm is of the
         gradients reduced over the processes, so every process stops alike."""
-        norm = clip_grad_norm(self.params, self.max_grad_norm)
         stats = {
-            f"grad_norm/{self.name}": norm.item(),
+            f"grad_norm/{self.name}": clip_grad_norm(self.params, self.max_grad_norm),
             self.lr_metric: self.scheduler.get_last_lr()[0],
         }
         require_finite(f"grad_norm/{self.name}", stats[f"grad_norm/{self.name}"])
@@ -127,15 +127,22 @@ class Learner:
         return stats
 
 
-def _scalar(value: Any) -> float:
-    """A float from a number or a (possibly grad-carrying) 0-dim tensor."""
-    return float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
-
-
-def accumulate(totals: dict[str, float], values: dict[str, Any], weight: float = 1.0) -> None:
-    """Add ``weight * values`` to ``totals`` key by key."""
+def accumulate(totals: dict[str, Any], values: dict[str, Any], weight: float = 1.0) -> None:
+    """Add ``weight * values`` to ``totals`` key by key. A tensor value (a 0-dim statistic
+    of a micro-batch, possibly carrying gradient) is added on its device, detached, in float32:
+    nothing waits for the device until ``host_floats`` reads the sums."""
     for key, value in values.items():
-        totals[key] = totals.get(key, 0.0) + weight * _scalar(value)
+        if isinstance(value, torch.Tensor):
+            value = value.detach().float()
+        totals[key] = totals.get(key, 0.0) + weight * value
+
+
+def host_floats(values: dict[str, Any]) -> dict[str, float]:
+    """``values`` as Python floats, their tensors read from the device in one transfer."""
+    tensors = [key for key, value in values.items() if isinstance(value, torch.Tensor)]
+    read = torch.stack([values[key] for key in tensors]).tolist() if tensors else []
+    floats = dict(zip(tensors, read, strict=True))
+    return {key: floats[key] if key in floats else float(value) for key, value in values.items()}
 
 
 @dataclasses.dataclass
@@ -149,7 +156,7 @@ class MinibatchLearner:
     autocast: Callable[[], AbstractContextManager]
     no_sync: Callable[[], AbstractContextManager]  # holds the gradients' all-reduce back
     # Sees a minibatch's statistics before its optimiser step (the loop's loss check).
-    before_step: Callable[[dict[str, float]], None] | None = None
+    before_step: Callable[[dict[str, Any]], None] | None = None
 
     @property
     def name(self) -> str:
@@ -159,10 +166,11 @@ class MinibatchLearner:
         """One optimiser step per minibatch (a list of micro-batches, each with the weight of
         its loss); the sums over the minibatches of each step's statistics (their means over
         its micro-batches). On several processes the gradients are averaged over them once per
-        minibatch, after its last micro-batch."""
-        sums: dict[str, float] = {}
+        minibatch, after its last micro-batch. The statistics stay on the device until the last
+        step: each optimiser step waits for it once, for its gradient norm."""
+        sums: dict[str, Any] = {}
         for micros in minibatches:
-            step: dict[str, float] = {}
+            step: dict[str, Any] = {}
             for index, (mb, weight) in enumerate(micros):
                 last = index == len(micros) - 1
                 with nullcontext() if last else self.no_sync():
@@ -174,4 +182,4 @@ class MinibatchLearner:
                 self.before_step(step)
             accumulate(step, self.learner.step())
             accumulate(sums, step)
-        return sums
+        return host_floats(sums)

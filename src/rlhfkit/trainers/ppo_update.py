@@ -77,9 +77,10 @@ class PolicyLossSettings:
 
 def policy_loss(
     model, mb: Rollout, settings: PolicyLossSettings, kl_coef: float, packed: bool
-) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
     """The policy's loss on the micro-batch ``mb`` (with gradient through ``model``), its
-    statistics, and the values of a value head on the policy's trunk (None without one)."""
+    statistics (0-dim tensors on the device, read once an update), and the values of a value
+    head on the policy's trunk (None without one)."""
     inputs = sequence_inputs(*mb.sequences, packed=packed)
     logprobs, logits, values = response_logprobs(
         model, inputs, mb.response, settings.temperature
@@ -92,20 +93,20 @@ def policy_loss(
         logprobs, old, mb.advantages, mask, settings.clip_range, settings.clip_range_high,
         **aggregation, ratio_level=settings.ratio_level,
     )  # fmt: skip
-    stats = {"loss/policy": loss.item()} | {f"policy/{k}": v.item() for k, v in pg_stats.items()}
+    stats = {"loss/policy": loss.detach()} | {f"policy/{k}": v for k, v in pg_stats.items()}
     if settings.kl_in_loss and mb.ref_logprobs is not None:
         kl_terms = kl_k3(logprobs, mb.ref_logprobs)  # (b, Tr)
         if settings.kl_importance_weight:
             kl_terms = kl_terms * torch.exp(logprobs - old)
         kl = aggregate_token_loss(kl_terms, mask, **aggregation)
         loss = loss + kl_coef * kl
-        stats["loss/kl_k3"] = kl.item()
+        stats["loss/kl_k3"] = kl.detach()
     if first_pass:  # what the experience's own pass would have reported
         stats |= _first_pass_stats(logprobs, logits, mb)
     if settings.entropy_coef > 0:
         entropy = masked_mean(entropy_from_logits(logits), mask)
         loss = loss - settings.entropy_coef * entropy
-        stats["loss/entropy"] = entropy.item()
+        stats["loss/entropy"] = entropy.detach()
     return loss, stats, values
 
 
@@ -114,10 +115,10 @@ def _first_pass_stats(logprobs: torch.Tensor, logits: torch.Tensor, mb: Rollout)
     """The policy's entropy and its k1 KL to the reference (summed per response, averaged),
     from the update's pass where it is the first over ``mb``."""
     mask = mb.response_mask
-    stats = {"policy/entropy": masked_mean(entropy_from_logits(logits.detach()), mask).item()}
+    stats = {"policy/entropy": masked_mean(entropy_from_logits(logits.detach()), mask)}
     if mb.ref_logprobs is not None:
         kl = masked_sum(logprobs.detach() - mb.ref_logprobs, mask) / len(mask)
-        stats["kl/ref"] = kl.item()
+        stats["kl/ref"] = kl
     return stats
 
 

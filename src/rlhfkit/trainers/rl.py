@@ -339,7 +339,7 @@ class RLTrainer(Trainer):
 
     def policy_loss(
         self, mb: Rollout, token_weight: float = 1.0
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The policy loss of one micro-batch (``ppo_update.policy_loss``: clipped surrogate,
         the KL term where it is in the loss, the entropy bonus), plus the value loss when the
         critic is a value head on the policy's trunk, these token means times
@@ -356,12 +356,12 @@ class RLTrainer(Trainer):
         if cfg.ptx_coef > 0:
             ptx_loss = self._ptx_loss()
             loss = loss + cfg.ptx_coef * ptx_loss
-            stats["loss/ptx"] = ptx_loss.item()
+            stats["loss/ptx"] = ptx_loss.detach()
         return loss, stats
 
     def _critic_loss(
         self, mb: Rollout, token_weight: float
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The separate critic's share of the loss on one micro-batch (a token mean, times
         ``token_weight``)."""
         inputs = sequence_inputs(*mb.sequences, packed=self.models.packed)
@@ -371,7 +371,7 @@ class RLTrainer(Trainer):
 
     def _value_loss(
         self, values: torch.Tensor, mb: Rollout
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``vf_coef`` times the clipped value loss of ``values`` (b, Tr): at every response
         token, or with the sequence estimator at the first only (the value of the prompt)."""
         cfg = self.config
@@ -381,7 +381,7 @@ class RLTrainer(Trainer):
         loss, clip_stats = ppo_value_loss(
             values.float(), mb.values, mb.returns, mask, cfg.clip_range_value
         )
-        stats = {"loss/value": loss.item(), "value/clipfrac": clip_stats["vf_clipfrac"].item()}
+        stats = {"loss/value": loss.detach(), "value/clipfrac": clip_stats["vf_clipfrac"]}
         return cfg.vf_coef * loss, stats
 
     def _ptx_loss(self) -> torch.Tensor:
@@ -423,7 +423,7 @@ class RLTrainer(Trainer):
             return {}
         generator = torch.Generator(self.runtime.device).manual_seed(self.config.seed + 2)
         env_generator = torch.Generator().manual_seed(self.config.seed + 2)
-        sums: dict[str, float] = {}
+        sums: dict[str, torch.Tensor] = {}
         for batch in self.eval_batches(self.eval_prompts, self.collate_fn):
             rollout = self.maker.make(
                 batch["query"],
