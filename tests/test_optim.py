@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import stage_config
-from rlhfkit.config import TrainConfig
+from rlhfkit.config import SFTConfig
 from rlhfkit.trainers.optim import (
     Learner,
     MinibatchLearner,
@@ -66,7 +66,7 @@ def test_a_learner_waits_for_the_device_once_a_step_and_once_at_the_end():
     """Three optimiser steps of four micro-batches each: the gradient norm of each step and the
     statistics at the end are the only reads from the device (each is one host sync)."""
     model = torch.nn.Linear(16, 4).cuda()
-    config = stage_config(TrainConfig, "unused", max_grad_norm=1.0)
+    config = stage_config(SFTConfig, "unused", max_grad_norm=1.0)
     learner = Learner.build("model", model, config, total_steps=3)
 
     def loss(x, weight):
