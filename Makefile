@@ -27,17 +27,23 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 demo: $(STAMP)
 	$(BIN)/rlhfkit demo
 
+# The suite runs on one pytest worker per logical CPU (pytest-xdist; TEST_WORKERS=0 runs it in
+# one), then the tests marked `alone`, which measure the machine's load, by themselves.
+TEST_WORKERS ?= logical
+
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks scripts examples
 	$(BIN)/ruff format --check src tests benchmarks scripts examples
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not alone"
+	$(BIN)/python -m pytest -m alone
 
 # The suite on the newest release of every package (torch: TORCH_SPEC), in a venv of its own
 # made afresh: what the next `make constraints VENV=$(LATEST)` would pin.
 test-latest:
 	rm -rf $(LATEST)
 	$(MAKE) VENV=$(LATEST) CONSTRAINTS= $(LATEST)/.installed
-	$(LATEST)/bin/python -m pytest
+	$(LATEST)/bin/python -m pytest -n $(TEST_WORKERS) -m "not alone"
+	$(LATEST)/bin/python -m pytest -m alone
 
 # constraints.txt from what $(VENV) holds: run it where the whole suite has just passed.
 constraints:

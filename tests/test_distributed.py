@@ -370,8 +370,9 @@ def test_a_checkpoint_resumes_only_on_the_launch_that_wrote_it(model, data, tmp_
 def test_a_launch_on_a_directory_another_run_holds_is_refused_by_every_process(
     model, data, tmp_path
 ):
-    """The main process holds the lock; its refusal reaches the other process too, so both
-    say who holds it and the launch exits 2, as one refused process does."""
+    """The main process holds the lock; its refusal reaches the other process too, so each
+    says who holds it and the launch exits 2, as one refused process does. Once the first has
+    exited the launcher stops the other, on a busy machine at times before it has said so."""
     args = [*_stage_args("sft", model, data, 4), "--max_steps", "1000000", "--output_dir", "run"]
     holder = subprocess.Popen(_command(1, "sft", args), cwd=tmp_path, env=ENV,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -388,7 +389,8 @@ def test_a_launch_on_a_directory_another_run_holds_is_refused_by_every_process(
         holder.wait()
     refusals = [line for line in second.stderr.splitlines() if "rlhfkit sft: error" in line]
     assert second.returncode == 2, second.stderr[-4000:]
-    assert len(refusals) == 2 and all(f"pid {holder.pid}" in line for line in refusals), refusals
+    assert refusals and all(f"pid {holder.pid}" in line for line in refusals), refusals
+    assert len(refusals) <= 2, refusals
     assert "Connection closed" not in second.stderr and "Traceback" not in second.stderr
 
 

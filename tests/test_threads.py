@@ -18,6 +18,7 @@ def _spin() -> None:
         pass
 
 
+@pytest.mark.alone
 def test_a_busy_neighbour_is_seen_and_this_processs_own_work_is_not():
     """Each against the load the machine had just before (a test may share it)."""
     before = threads.cores_busy_elsewhere(seconds=0.5)
